@@ -1,0 +1,369 @@
+//! Runs a [`Scenario`] end to end: builds the world, applies timed faults, drives a
+//! [`Harness`] (the node layer), and assembles the [`Report`].
+//!
+//! At equal times, every queued event at `t` is processed before a fault or harness wake-up at
+//! `t` is applied.
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::sync::Arc;
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rand::RngExt;
+
+use crate::net::Chance;
+use crate::node::{NodeCtx, SimNode};
+use crate::report::{round3, AppliedFault, Distribution, EngineSummary, Report, Series};
+use crate::rng::{Purpose, RngTree, SimRng};
+use crate::scenario::{FaultAction, Scenario, ScenarioError, Target, TimedFault};
+use crate::world::{World, SERIES_BUCKET_US};
+
+/// The node layer plugged into the runner (the toy [`crate::testkit::PingHarness`] now, the
+/// shoal-mesh adapter later).
+pub trait Harness {
+    /// Node type.
+    type Node: SimNode;
+
+    /// Builds a node for a (re)start. Called at start for every node in index order, and for
+    /// every `restart` fault.
+    fn make_node(&mut self, ctx: &NodeCtx) -> Self::Node;
+
+    /// Next virtual ms at which [`Harness::wake`] wants to run (workload, traffic, sampling).
+    fn next_wakeup_ms(&self) -> Option<u64> {
+        None
+    }
+
+    /// Called at (or just after, if it was in the past) [`Harness::next_wakeup_ms`]; use
+    /// [`World::with_node`] to drive nodes.
+    fn wake(&mut self, world: &mut World<Self::Node>) {
+        let _ = world;
+    }
+
+    /// Called once at the end: add distributions, series, checks and plot samples.
+    fn finish(
+        &mut self,
+        world: &World<Self::Node>,
+        report: &mut Report,
+        samples: &mut BTreeMap<String, Vec<u64>>,
+    ) {
+        let _ = (world, report, samples);
+    }
+}
+
+/// How to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunConfig {
+    /// `--seed`.
+    pub seed: u64,
+    /// Show a progress bar on stderr (only if stderr is a terminal).
+    pub progress: bool,
+}
+
+/// Wall-clock speed of a run. Never part of the [`Report`] (it differs run to run).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Speed {
+    /// Nodes simulated.
+    pub nodes: u64,
+    /// Events processed.
+    pub events: u64,
+    /// Wall seconds.
+    pub wall_s: f64,
+    /// Events per wall second.
+    pub events_per_s: f64,
+    /// Virtual seconds per wall second.
+    pub virtual_s_per_wall_s: f64,
+}
+
+/// Everything a run produced.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The deterministic report.
+    pub report: Report,
+    /// Raw samples for plots, by name.
+    pub samples: BTreeMap<String, Vec<u64>>,
+    /// Wall-clock speed.
+    pub speed: Speed,
+}
+
+/// A run that could not start. (A run that completes with failed checks is an [`Outcome`].)
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The scenario is invalid.
+    #[error(transparent)]
+    Scenario(#[from] ScenarioError),
+}
+
+/// Resolves a fault target against the world now.
+pub fn resolve<N: SimNode>(t: &Target, world: &World<N>, rng: &mut SimRng) -> Vec<u32> {
+    let topo = world.topology();
+    let s = match t {
+        Target::Ids(ids) => return ids.clone(),
+        Target::Select(s) => s,
+    };
+    let mut v: Vec<u32> = match &s.ids {
+        Some(ids) => ids.clone(),
+        None => (0..topo.len() as u32).collect(),
+    };
+    if let Some(r) = s.region.as_deref().and_then(|r| topo.region_index(r)) {
+        v.retain(|&i| topo.node(i).region == r);
+        if let Some(z) = s.zone.as_deref().and_then(|z| topo.zone_index(r, z)) {
+            v.retain(|&i| topo.node(i).zone == z);
+        }
+    }
+    if s.crashed {
+        v.retain(|&i| !world.is_alive(i));
+    }
+    if let Some(k) = s.random {
+        // Partial Fisher-Yates: the first k positions become a uniform sample.
+        let k = (k as usize).min(v.len());
+        for i in 0..k {
+            let j = rng.random_range(i..v.len());
+            v.swap(i, j);
+        }
+        v.truncate(k);
+        v.sort_unstable();
+    }
+    v
+}
+
+struct FaultCtx<'a, H: Harness> {
+    world: &'a mut World<H::Node>,
+    harness: &'a mut H,
+    rng: &'a mut SimRng,
+    scenario: &'a Scenario,
+}
+
+impl<H: Harness> FaultCtx<'_, H> {
+    fn r(&mut self, t: &Target) -> Vec<u32> {
+        resolve(t, self.world, self.rng)
+    }
+
+    /// Applies one fault; returns every resolved target.
+    fn apply(&mut self, f: &TimedFault) -> Vec<u32> {
+        match &f.action {
+            FaultAction::Cut { a, b } => {
+                let (a, b) = (self.r(a), self.r(b));
+                self.world.cut(&a, &b);
+                [a, b].concat()
+            }
+            FaultAction::CutOneWay { from, to } => {
+                let (a, b) = (self.r(from), self.r(to));
+                self.world.cut_one_way(&a, &b);
+                [a, b].concat()
+            }
+            FaultAction::DropLink { from, to } => {
+                let (a, b) = (self.r(from), self.r(to));
+                for &x in &a {
+                    for &y in &b {
+                        self.world.drop_link(x, y);
+                    }
+                }
+                [a, b].concat()
+            }
+            FaultAction::Isolate(t) => self.each(t, |w, i| {
+                w.isolate(i);
+            }),
+            FaultAction::IsolateExcept { nodes, peer } => {
+                let peers = self.r(peer);
+                let nodes = self.r(nodes);
+                if let Some(&p) = peers.first() {
+                    for &i in &nodes {
+                        self.world.isolate_except(i, p);
+                    }
+                }
+                [nodes, peers].concat()
+            }
+            FaultAction::Heal => {
+                self.world.heal();
+                Vec::new()
+            }
+            FaultAction::Recover(t) => self.each(t, |w, i| w.recover(i)),
+            FaultAction::Crash(t) => self.each(t, |w, i| w.crash(i)),
+            FaultAction::Restart(t) => {
+                let nodes = self.r(t);
+                for &i in &nodes {
+                    let ctx = self.world.ctx_for(i);
+                    let node = self.harness.make_node(&ctx);
+                    self.world.restart(i, node);
+                }
+                nodes
+            }
+            FaultAction::Stall {
+                nodes,
+                stall_ms,
+                period_ms,
+                for_ms,
+            } => {
+                let (s, p, f) = (*stall_ms, *period_ms, *for_ms);
+                self.each(nodes, |w, i| w.stall(i, s, p, f))
+            }
+            FaultAction::Unstall(t) => self.each(t, |w, i| w.unstall(i)),
+            FaultAction::Skew { nodes, offset_ms } => {
+                let o = *offset_ms;
+                self.each(nodes, |w, i| w.set_clock_skew(i, o))
+            }
+            FaultAction::SetNetwork { loss_pct, dup_pct } => {
+                let mut cfg = self.world.net_config().clone();
+                if let Some(l) = loss_pct {
+                    cfg.loss = Chance::from_pct(*l);
+                }
+                if let Some(d) = dup_pct {
+                    cfg.dup = Chance::from_pct(*d);
+                }
+                let _ = self.scenario;
+                self.world.set_net_config(cfg);
+                Vec::new()
+            }
+        }
+    }
+
+    fn each(&mut self, t: &Target, mut f: impl FnMut(&mut World<H::Node>, u32)) -> Vec<u32> {
+        let nodes = self.r(t);
+        for &i in &nodes {
+            f(self.world, i);
+        }
+        nodes
+    }
+}
+
+fn progress_bar(total_ms: u64, enabled: bool) -> ProgressBar {
+    if !enabled || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::with_draw_target(Some(total_ms), ProgressDrawTarget::stderr());
+    if let Ok(style) =
+        ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} virtual ms {msg}")
+    {
+        pb.set_style(style);
+    }
+    pb
+}
+
+/// Runs `scenario` with `harness`.
+pub fn run<H: Harness>(
+    scenario: &Scenario,
+    harness: &mut H,
+    cfg: &RunConfig,
+) -> Result<Outcome, RunError> {
+    scenario.validate()?;
+    let faults = scenario.timed_faults()?;
+    let topo = Arc::new(scenario.build_topology()?);
+    let tree = RngTree::new(cfg.seed);
+    let mut fault_rng = tree.child(Purpose::Faults, 0);
+    let mut world: World<H::Node> =
+        World::new(Arc::clone(&topo), scenario.network.to_config(), &tree);
+    let wall = Instant::now();
+    world.start_all(|ctx| harness.make_node(ctx));
+
+    let end_us = scenario.duration_ms * 1000;
+    let chunk_us = (end_us / 200).max(100_000);
+    let pb = progress_bar(scenario.duration_ms, cfg.progress);
+    let mut applied = Vec::new();
+    let mut next_fault = 0;
+    loop {
+        let now = world.now_us();
+        let fault_at = faults.get(next_fault).map(|f| f.at_ms * 1000);
+        let wake_at = harness.next_wakeup_ms().map(|m| (m * 1000).max(now));
+        let target = [Some(end_us), fault_at, wake_at, Some(now + chunk_us)]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(end_us);
+        world.run_until(target);
+        pb.set_position(target / 1000);
+        while faults
+            .get(next_fault)
+            .is_some_and(|f| f.at_ms * 1000 <= target)
+        {
+            let f = &faults[next_fault];
+            next_fault += 1;
+            let mut fc = FaultCtx {
+                world: &mut world,
+                harness,
+                rng: &mut fault_rng,
+                scenario,
+            };
+            let targets = fc.apply(f);
+            applied.push(AppliedFault {
+                at_ms: f.at_ms,
+                action: f.kind,
+                target_count: targets.len() as u64,
+                targets_sample: targets.iter().take(16).copied().collect(),
+            });
+        }
+        if wake_at.is_some_and(|w| w <= target) {
+            harness.wake(&mut world);
+        }
+        if target >= end_us {
+            break;
+        }
+    }
+    pb.finish_and_clear();
+    let wall_s = wall.elapsed().as_secs_f64();
+
+    let mut report = base_report(scenario, cfg.seed, &world);
+    report.faults = applied;
+    let mut samples = BTreeMap::new();
+    harness.finish(&world, &mut report, &mut samples);
+    let events = world.stats().events;
+    let speed = Speed {
+        nodes: topo.len() as u64,
+        events,
+        wall_s: round3(wall_s),
+        events_per_s: round3(events as f64 / wall_s.max(1e-9)),
+        virtual_s_per_wall_s: round3(scenario.duration_ms as f64 / 1000.0 / wall_s.max(1e-9)),
+    };
+    Ok(Outcome {
+        report,
+        samples,
+        speed,
+    })
+}
+
+/// The engine-level part of a report (everything but the harness's additions).
+pub fn base_report<N: SimNode>(scenario: &Scenario, seed: u64, world: &World<N>) -> Report {
+    let topo = world.topology();
+    let mut report = Report {
+        scenario: scenario.name.clone(),
+        seed,
+        duration_ms: scenario.duration_ms,
+        nodes: topo.len() as u64,
+        regions: topo.region_names().to_vec(),
+        engine: EngineSummary::from(world.stats()),
+        ..Report::default()
+    };
+    let secs = (scenario.duration_ms / 1000).max(1);
+    let mut bytes_out_per_s = Vec::with_capacity(topo.len());
+    let mut msgs_out = Vec::with_capacity(topo.len());
+    let mut drops = Vec::with_capacity(topo.len());
+    for c in world.all_counters() {
+        report.totals.add(c);
+        bytes_out_per_s.push((c.datagram_out.bytes + c.stream_out.bytes) / secs);
+        msgs_out.push(c.datagram_out.msgs + c.stream_out.msgs);
+        drops.push(c.dropped.total());
+    }
+    report.per_node.insert(
+        "bytes_out_per_s".into(),
+        Distribution::from_values(&mut bytes_out_per_s),
+    );
+    report
+        .per_node
+        .insert("msgs_out".into(), Distribution::from_values(&mut msgs_out));
+    report
+        .per_node
+        .insert("dropped".into(), Distribution::from_values(&mut drops));
+    let bucket_ms = SERIES_BUCKET_US / 1000;
+    let buckets = scenario.duration_ms.div_ceil(bucket_ms) as usize;
+    for (name, v) in [
+        ("deliveries", &world.stats().deliveries_per_bucket),
+        ("drops", &world.stats().drops_per_bucket),
+    ] {
+        let mut values = v.clone();
+        values.resize(buckets.max(values.len()), 0);
+        report
+            .series
+            .insert(name.into(), Series { bucket_ms, values });
+    }
+    report
+}
