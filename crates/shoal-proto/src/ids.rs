@@ -311,7 +311,10 @@ mod tests {
     #[test]
     fn bad_names_are_refused() {
         assert!(matches!(Name::new(""), Err(IdError::Length { .. })));
-        assert!(matches!(Name::new("a".repeat(64)), Err(IdError::Length { .. })));
+        assert!(matches!(
+            Name::new("a".repeat(64)),
+            Err(IdError::Length { .. })
+        ));
         assert!(matches!(Name::new("Prod"), Err(IdError::Charset { .. })));
         assert!(matches!(Name::new("-x"), Err(IdError::Charset { .. })));
         assert!(matches!(Name::new("x-"), Err(IdError::Charset { .. })));

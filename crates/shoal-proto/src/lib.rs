@@ -23,9 +23,13 @@ pub mod ids;
 pub mod record;
 pub mod sign;
 
-pub use ids::{Generation, HealthSeq, InstanceId, Name, NodeId, Region, Revision, ServiceKey, Version, Zone};
+pub use ids::{
+    Generation, HealthSeq, InstanceId, Name, NodeId, Region, Revision, ServiceKey, Version, Zone,
+};
 pub use record::{
     EndpointSpec, HealthRecord, HealthStatus, LabelDimension, Labels, LifecycleRecord,
     LifecycleState, TransitionReason, TransitionSource,
 };
-pub use sign::{KeyId, SignatureError, SignedHealth, SignedLifecycle, SigningKey, TrustedKeys, VerifyingKey};
+pub use sign::{
+    KeyId, SignatureError, SignedHealth, SignedLifecycle, SigningKey, TrustedKeys, VerifyingKey,
+};

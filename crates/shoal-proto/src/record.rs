@@ -15,7 +15,9 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::{Generation, HealthSeq, IdError, InstanceId, NodeId, Region, Revision, ServiceKey, Version, Zone};
+use crate::ids::{
+    Generation, HealthSeq, IdError, InstanceId, NodeId, Region, Revision, ServiceKey, Version, Zone,
+};
 
 /// Maximum number of labels on one endpoint.
 pub const MAX_LABELS: usize = 8;
@@ -104,7 +106,10 @@ pub enum RecordError {
 /// Capability labels: at most [`MAX_LABELS`], one value per [`LabelDimension`], kept sorted by
 /// dimension so the encoding is canonical (signatures are over the encoding).
 #[derive(Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(try_from = "Vec<(LabelDimension, String)>", into = "Vec<(LabelDimension, String)>")]
+#[serde(
+    try_from = "Vec<(LabelDimension, String)>",
+    into = "Vec<(LabelDimension, String)>"
+)]
 pub struct Labels(Vec<(LabelDimension, String)>);
 
 impl Labels {

@@ -1,0 +1,1012 @@
+//! The catalog: a plain map of CRDT registers keyed by (service key, instance id).
+//!
+//! Each entry holds two `crdts::LWWReg`s:
+//! - the **lifecycle register**, authority-signed, marker `(generation, revision)`;
+//! - the **health register**, owner-signed, marker `(generation, owner_boot, seq)`.
+//!
+//! Merge is a per-key join (highest marker wins), so delivery order and duplicates never change
+//! the outcome. Two records with the *same* marker but different contents are a fault (two
+//! authorities signing different things under one revision, or a forged record): the catalog
+//! keeps what it has, reports [`MergeOutcome::Conflict`] and counts it (ARCHITECTURE invariant 3).
+//!
+//! A newer generation supersedes everything of older generations: a health record is only
+//! accepted for the generation the lifecycle register holds, and replacing the lifecycle with a
+//! newer generation drops the old health register. A delayed record of an old generation is
+//! therefore always stale (invariant 2).
+//!
+//! **Tombstones.** EXPIRED records stay as tombstones until [`Catalog::collect_garbage`] drops
+//! those at or below a revision horizon, which becomes the region's `gc_floor`. Because the
+//! catalog is complete up to its contiguous head, a lifecycle record for an *absent* key with a
+//! revision `<= gc_floor` can only be one that was collected (or superseded by one that was):
+//! it is refused as stale, so a peer that has not collected yet cannot revive it. Deltas are
+//! never served from below `gc_floor` ([`DeltaError::Compacted`]); the receiver needs a snapshot.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crdts::LWWReg;
+use serde::{Deserialize, Serialize};
+use shoal_proto::{
+    Generation, HealthSeq, InstanceId, LifecycleState, NodeId, Region, Revision, ServiceKey,
+    SignatureError, SignedHealth, SignedLifecycle,
+};
+
+use crate::heads::{ChainHead, Gap, Observed};
+use crate::verify::Verifier;
+
+/// Marker of the lifecycle register.
+pub type LifecycleMarker = (Generation, Revision);
+/// Marker of the health register.
+pub type HealthMarker = (Generation, Generation, HealthSeq);
+
+/// Default cap on the number of entries one catalog holds (a whole region is ~33,000; three
+/// regions 100,000). Past it new keys are refused and counted; known keys still update.
+pub const DEFAULT_MAX_ENTRIES: usize = 250_000;
+
+/// Most health records held while waiting for their lifecycle record; past it they are
+/// ignored (counted as unadmitted) and anti-entropy brings them again later.
+pub const MAX_EARLY_HEALTH: usize = 16_384;
+
+/// What merging one record did. Only `Applied` changed state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MergeOutcome {
+    /// The record was newer and is now held.
+    Applied,
+    /// The record is older than what is held (or was garbage-collected); ignored.
+    Stale,
+    /// The identical record is already held; ignored.
+    Duplicate,
+    /// Same ordering key, different contents: a fault. The held record is kept.
+    Conflict,
+    /// The signature did not verify; ignored.
+    BadSignature(SignatureError),
+    /// A health record for an instance (generation) the authority has not admitted here yet;
+    /// ignored (anti-entropy brings it again after the lifecycle record).
+    Unadmitted,
+    /// A health record signed by a node that does not own the instance; ignored.
+    NotOwner,
+    /// The catalog is at its entry cap and the key is new; ignored.
+    Full,
+}
+
+impl MergeOutcome {
+    /// A short stable label for metrics, e.g. `"applied"`.
+    pub fn as_label(&self) -> &'static str {
+        match self {
+            Self::Applied => "applied",
+            Self::Stale => "stale",
+            Self::Duplicate => "duplicate",
+            Self::Conflict => "conflict",
+            Self::BadSignature(_) => "bad_signature",
+            Self::Unadmitted => "unadmitted",
+            Self::NotOwner => "not_owner",
+            Self::Full => "full",
+        }
+    }
+}
+
+/// Counts of merge outcomes since the catalog was created.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MergeCounters {
+    /// Records applied.
+    pub applied: u64,
+    /// Stale records ignored.
+    pub stale: u64,
+    /// Duplicates ignored.
+    pub duplicate: u64,
+    /// Conflicting records rejected.
+    pub conflict: u64,
+    /// Records with a bad or unknown signature rejected.
+    pub bad_signature: u64,
+    /// Health records for unadmitted instances ignored.
+    pub unadmitted: u64,
+    /// Health records signed by a non-owner rejected.
+    pub not_owner: u64,
+    /// New keys refused at the entry cap.
+    pub full: u64,
+    /// Tombstones garbage-collected.
+    pub collected: u64,
+    /// Sequence numbers not remembered because a pending set was full.
+    pub pending_overflow: u64,
+}
+
+impl MergeCounters {
+    fn count(&mut self, outcome: &MergeOutcome) {
+        let slot = match outcome {
+            MergeOutcome::Applied => &mut self.applied,
+            MergeOutcome::Stale => &mut self.stale,
+            MergeOutcome::Duplicate => &mut self.duplicate,
+            MergeOutcome::Conflict => &mut self.conflict,
+            MergeOutcome::BadSignature(_) => &mut self.bad_signature,
+            MergeOutcome::Unadmitted => &mut self.unadmitted,
+            MergeOutcome::NotOwner => &mut self.not_owner,
+            MergeOutcome::Full => &mut self.full,
+        };
+        *slot += 1;
+    }
+}
+
+/// One instance's two registers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// Authority-signed lifecycle register.
+    pub lifecycle: LWWReg<Arc<SignedLifecycle>, LifecycleMarker>,
+    /// Owner-signed health register, if the owner has reported for this generation.
+    pub health: Option<LWWReg<Arc<SignedHealth>, HealthMarker>>,
+}
+
+impl Entry {
+    /// The lifecycle record.
+    pub fn lifecycle(&self) -> &SignedLifecycle {
+        &self.lifecycle.val
+    }
+
+    /// The health record, if any.
+    pub fn health(&self) -> Option<&SignedHealth> {
+        self.health.as_ref().map(|h| &*h.val)
+    }
+}
+
+/// All instances of one service key.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServiceEntries {
+    /// Catalog index of the last change to this service (for blocking queries).
+    pub modify_index: u64,
+    /// Instances by id.
+    pub instances: BTreeMap<InstanceId, Entry>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct RegionState {
+    head: ChainHead,
+    gc_floor: Revision,
+    by_revision: BTreeMap<Revision, (ServiceKey, InstanceId)>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct OwnerState {
+    head: ChainHead,
+    by_seq: BTreeMap<(Generation, HealthSeq), (ServiceKey, InstanceId)>,
+}
+
+/// Head of one region's authority chain, as exchanged in anti-entropy and stored in snapshots.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct RegionHead {
+    /// Region.
+    pub region: Region,
+    /// Complete up to this revision.
+    pub contiguous: Revision,
+    /// Highest revision seen at all.
+    pub max_seen: Revision,
+    /// Tombstones at or below this revision were collected.
+    pub gc_floor: Revision,
+}
+
+/// Head of one owner agent's health chain.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct OwnerHead {
+    /// Owner node.
+    pub owner: NodeId,
+    /// Owner agent boot generation (the chain's epoch).
+    pub boot: Generation,
+    /// Complete up to this sequence number.
+    pub contiguous: HealthSeq,
+}
+
+/// Per-origin version heads of a whole catalog, sorted by origin.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Heads {
+    /// One per region seen.
+    pub regions: Vec<RegionHead>,
+    /// One per owner node seen.
+    pub owners: Vec<OwnerHead>,
+}
+
+/// Lifecycle records of one region that changed in `(from, complete_to]`, plus possibly newer
+/// ones above `complete_to` (not covered by the completeness claim).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LifecycleDelta {
+    /// Region.
+    pub region: Region,
+    /// Exclusive lower bound: the receiver's head when it asked.
+    pub from: Revision,
+    /// Every record whose current revision is in `(from, complete_to]` is included.
+    pub complete_to: Revision,
+    /// The records, ascending by revision.
+    pub records: Vec<Arc<SignedLifecycle>>,
+}
+
+/// Health records of one owner chain in `(from, complete_to]` of epoch `boot`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealthDelta {
+    /// Owner node.
+    pub owner: NodeId,
+    /// Chain epoch (owner agent boot generation).
+    pub boot: Generation,
+    /// Exclusive lower bound.
+    pub from: HealthSeq,
+    /// Every current record of the chain with seq in `(from, complete_to]` is included.
+    pub complete_to: HealthSeq,
+    /// The records, ascending by seq.
+    pub records: Vec<Arc<SignedHealth>>,
+}
+
+/// Why a delta could not be served. The catalog is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeltaError {
+    /// Tombstones above `since` were already collected: the asker needs a full snapshot.
+    #[error("delta since {since} impossible: tombstones up to {gc_floor} were collected")]
+    Compacted {
+        /// What was asked for.
+        since: Revision,
+        /// This catalog's GC floor for the region.
+        gc_floor: Revision,
+    },
+}
+
+/// Summary of applying a delta.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeltaOutcome {
+    /// Records applied.
+    pub applied: usize,
+    /// Records not applied (stale, duplicate, rejected).
+    pub ignored: usize,
+    /// Records rejected as faults (conflict, bad signature, not owner, full).
+    pub rejected: usize,
+    /// Whether the completeness claim moved this catalog's head.
+    pub head_advanced: bool,
+}
+
+/// A region-scoped or service-scoped change notice produced by every applied merge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    /// The service that changed.
+    pub key: ServiceKey,
+    /// The instance that changed.
+    pub instance: InstanceId,
+    /// Catalog index after the change.
+    pub index: u64,
+}
+
+/// The endpoint catalog of one agent. See the module docs for the merge rules.
+#[derive(Debug, Clone)]
+pub struct Catalog {
+    services: BTreeMap<ServiceKey, ServiceEntries>,
+    regions: BTreeMap<Region, RegionState>,
+    owners: BTreeMap<NodeId, OwnerState>,
+    /// Verified health records that arrived before their lifecycle record (highest marker per
+    /// key kept), so the outcome does not depend on delivery order. Bounded.
+    early_health: BTreeMap<(ServiceKey, InstanceId), Arc<SignedHealth>>,
+    entries: usize,
+    max_entries: usize,
+    index: u64,
+    counters: MergeCounters,
+}
+
+impl Default for Catalog {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PartialEq for Catalog {
+    /// Two catalogs are equal when they hold the same records and heads (indices and counters
+    /// are local bookkeeping and do not count).
+    fn eq(&self, other: &Self) -> bool {
+        self.services.len() == other.services.len()
+            && self
+                .services
+                .iter()
+                .zip(other.services.iter())
+                .all(|((ka, a), (kb, b))| ka == kb && a.instances == b.instances)
+            && self.regions == other.regions
+            && self.owners == other.owners
+            && self.early_health == other.early_health
+    }
+}
+
+impl Catalog {
+    /// An empty catalog with [`DEFAULT_MAX_ENTRIES`].
+    pub fn new() -> Self {
+        Self::with_max_entries(DEFAULT_MAX_ENTRIES)
+    }
+
+    /// An empty catalog holding at most `max_entries` instances.
+    pub fn with_max_entries(max_entries: usize) -> Self {
+        Self {
+            services: BTreeMap::new(),
+            regions: BTreeMap::new(),
+            owners: BTreeMap::new(),
+            early_health: BTreeMap::new(),
+            entries: 0,
+            max_entries,
+            index: 0,
+            counters: MergeCounters::default(),
+        }
+    }
+
+    // ---- getters -------------------------------------------------------------------------
+
+    /// Number of instances held (tombstones included).
+    pub fn len(&self) -> usize {
+        self.entries
+    }
+
+    /// True when nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.entries == 0
+    }
+
+    /// The catalog index: bumped by every applied change; Consul's `X-Consul-Index` analogue.
+    pub fn index(&self) -> u64 {
+        self.index
+    }
+
+    /// Merge outcome counters.
+    pub fn counters(&self) -> &MergeCounters {
+        &self.counters
+    }
+
+    /// All service keys held, sorted.
+    pub fn service_keys(&self) -> impl Iterator<Item = &ServiceKey> {
+        self.services.keys()
+    }
+
+    /// The entries of one service, if any.
+    pub fn service(&self, key: &ServiceKey) -> Option<&ServiceEntries> {
+        self.services.get(key)
+    }
+
+    /// One entry.
+    pub fn entry(&self, key: &ServiceKey, instance: &InstanceId) -> Option<&Entry> {
+        self.services.get(key)?.instances.get(instance)
+    }
+
+    /// Iterates every entry in key order.
+    pub fn entries(&self) -> impl Iterator<Item = (&ServiceKey, &InstanceId, &Entry)> {
+        self.services
+            .iter()
+            .flat_map(|(k, s)| s.instances.iter().map(move |(i, e)| (k, i, e)))
+    }
+
+    /// Contiguous head of a region's authority chain (0 if never seen).
+    pub fn region_head(&self, region: &Region) -> Revision {
+        self.regions
+            .get(region)
+            .map_or(Revision(0), |r| Revision(r.head.contiguous()))
+    }
+
+    /// The first missing revision range of a region, if a gap is open.
+    pub fn region_gap(&self, region: &Region) -> Option<Gap> {
+        self.regions.get(region)?.head.gap()
+    }
+
+    /// The first missing range of an owner's health chain, if a gap is open.
+    pub fn owner_gap(&self, owner: &NodeId) -> Option<Gap> {
+        self.owners.get(owner)?.head.gap()
+    }
+
+    /// Every open gap: `(Some(region), gap)` for authority chains, `(None, gap)` with the owner
+    /// for health chains. Sorted by origin.
+    pub fn gaps(&self) -> Vec<(GapOrigin, Gap)> {
+        let regions = self
+            .regions
+            .iter()
+            .filter_map(|(r, s)| Some((GapOrigin::Region(r.clone()), s.head.gap()?)));
+        let owners = self
+            .owners
+            .iter()
+            .filter_map(|(n, s)| Some((GapOrigin::Owner(n.clone()), s.head.gap()?)));
+        regions.chain(owners).collect()
+    }
+
+    /// Per-origin heads, sorted.
+    pub fn heads(&self) -> Heads {
+        Heads {
+            regions: self
+                .regions
+                .iter()
+                .map(|(region, s)| RegionHead {
+                    region: region.clone(),
+                    contiguous: Revision(s.head.contiguous()),
+                    max_seen: Revision(s.head.max_seen()),
+                    gc_floor: s.gc_floor,
+                })
+                .collect(),
+            owners: self
+                .owners
+                .iter()
+                .map(|(owner, s)| OwnerHead {
+                    owner: owner.clone(),
+                    boot: Generation(s.head.epoch()),
+                    contiguous: HealthSeq(s.head.contiguous()),
+                })
+                .collect(),
+        }
+    }
+
+    // ---- merging single records ----------------------------------------------------------
+
+    /// Verifies and merges one lifecycle record. Returns what happened; only `Applied` changes
+    /// the held records (the region's head may advance on `Stale`/`Duplicate` too, since the
+    /// revision is then accounted for).
+    pub fn apply_lifecycle(
+        &mut self,
+        record: Arc<SignedLifecycle>,
+        verifier: &dyn Verifier,
+    ) -> MergeOutcome {
+        let outcome = self.merge_lifecycle(record, verifier);
+        self.counters.count(&outcome);
+        outcome
+    }
+
+    fn merge_lifecycle(
+        &mut self,
+        signed: Arc<SignedLifecycle>,
+        verifier: &dyn Verifier,
+    ) -> MergeOutcome {
+        if let Err(e) = verifier.verify_lifecycle(&signed) {
+            return MergeOutcome::BadSignature(e);
+        }
+        let rec = &signed.record;
+        let region = self.regions.entry(rec.region.clone()).or_default();
+        let marker = rec.order();
+        let held = self
+            .services
+            .get(&rec.key)
+            .and_then(|s| s.instances.get(&rec.instance));
+        let outcome = match held {
+            None if rec.revision <= region.gc_floor => MergeOutcome::Stale,
+            None if self.entries >= self.max_entries => return MergeOutcome::Full,
+            None => MergeOutcome::Applied,
+            Some(entry) => {
+                if entry.lifecycle.validate_update(&signed, &marker).is_err() {
+                    MergeOutcome::Conflict
+                } else if marker < entry.lifecycle.marker {
+                    MergeOutcome::Stale
+                } else if marker == entry.lifecycle.marker {
+                    MergeOutcome::Duplicate
+                } else {
+                    MergeOutcome::Applied
+                }
+            }
+        };
+        if region.head.observe(0, rec.revision.0) == Observed::Overflow {
+            self.counters.pending_overflow += 1;
+        }
+        if outcome == MergeOutcome::Applied {
+            let (key, instance) = (signed.record.key.clone(), signed.record.instance.clone());
+            self.store_lifecycle(signed);
+            self.admit_early(&key, &instance, verifier);
+        }
+        outcome
+    }
+
+    fn store_lifecycle(&mut self, signed: Arc<SignedLifecycle>) {
+        self.index += 1;
+        let index = self.index;
+        let rec = &signed.record;
+        let key = rec.key.clone();
+        let instance = rec.instance.clone();
+        let marker = rec.order();
+        let region = self
+            .regions
+            .get_mut(&rec.region)
+            .expect("region created on merge");
+        region
+            .by_revision
+            .insert(rec.revision, (key.clone(), instance.clone()));
+        let service = self.services.entry(key).or_default();
+        service.modify_index = index;
+        match service.instances.get_mut(&instance) {
+            None => {
+                service.instances.insert(
+                    instance,
+                    Entry {
+                        lifecycle: LWWReg {
+                            val: signed,
+                            marker,
+                        },
+                        health: None,
+                    },
+                );
+                self.entries += 1;
+            }
+            Some(entry) => {
+                let old = &entry.lifecycle.val.record;
+                if old.region == rec.region {
+                    region.by_revision.remove(&old.revision);
+                } else if let Some(r) = self.regions.get_mut(&old.region) {
+                    r.by_revision.remove(&old.revision);
+                }
+                let drop_health = entry.health.as_ref().is_some_and(|h| h.marker.0 < marker.0)
+                    || rec.state == LifecycleState::Expired;
+                if drop_health {
+                    if let Some(h) = entry.health.take() {
+                        let hr = &h.val.record;
+                        if let Some(o) = self.owners.get_mut(&hr.owner) {
+                            o.by_seq.remove(&(hr.owner_boot, hr.seq));
+                        }
+                    }
+                }
+                entry.lifecycle.update(signed, marker);
+            }
+        }
+    }
+
+    /// Verifies and merges one health record. Accepted only when the lifecycle register holds
+    /// the same generation and names the signer's node as owner.
+    pub fn apply_health(
+        &mut self,
+        record: Arc<SignedHealth>,
+        verifier: &dyn Verifier,
+    ) -> MergeOutcome {
+        let outcome = self.merge_health(record, verifier);
+        self.counters.count(&outcome);
+        outcome
+    }
+
+    fn merge_health(&mut self, signed: Arc<SignedHealth>, verifier: &dyn Verifier) -> MergeOutcome {
+        if let Err(e) = verifier.verify_health(&signed) {
+            return MergeOutcome::BadSignature(e);
+        }
+        let rec = &signed.record;
+        let Some(entry) = self
+            .services
+            .get(&rec.key)
+            .and_then(|s| s.instances.get(&rec.instance))
+        else {
+            return self.hold_early(signed);
+        };
+        let life = &entry.lifecycle.val.record;
+        if life.generation < rec.generation {
+            return self.hold_early(signed);
+        }
+        if life.generation > rec.generation || life.state == LifecycleState::Expired {
+            self.observe_owner(rec.owner.clone(), rec.owner_boot, rec.seq);
+            return MergeOutcome::Stale;
+        }
+        if life.owner != rec.owner {
+            return MergeOutcome::NotOwner;
+        }
+        let marker = rec.order();
+        let outcome = match &entry.health {
+            None => MergeOutcome::Applied,
+            Some(h) if h.validate_update(&signed, &marker).is_err() => MergeOutcome::Conflict,
+            Some(h) if marker < h.marker => MergeOutcome::Stale,
+            Some(h) if marker == h.marker => MergeOutcome::Duplicate,
+            Some(_) => MergeOutcome::Applied,
+        };
+        self.observe_owner(rec.owner.clone(), rec.owner_boot, rec.seq);
+        if outcome == MergeOutcome::Applied {
+            self.store_health(signed);
+        }
+        outcome
+    }
+
+    /// Keeps a verified health record whose lifecycle record has not arrived yet.
+    fn hold_early(&mut self, signed: Arc<SignedHealth>) -> MergeOutcome {
+        let slot = (signed.record.key.clone(), signed.record.instance.clone());
+        // A record superseded by another held one is accounted for in its owner's chain.
+        match self.early_health.get(&slot) {
+            Some(held) if held.record.order() >= signed.record.order() => {
+                let r = &signed.record;
+                self.observe_owner(r.owner.clone(), r.owner_boot, r.seq);
+            }
+            Some(_) => {
+                let old = self.early_health.insert(slot, signed).expect("present");
+                let r = &old.record;
+                self.observe_owner(r.owner.clone(), r.owner_boot, r.seq);
+            }
+            None if self.early_health.len() < MAX_EARLY_HEALTH => {
+                self.early_health.insert(slot, signed);
+            }
+            None => {}
+        }
+        MergeOutcome::Unadmitted
+    }
+
+    /// After a lifecycle record is stored, merges the early health record held for it, if any.
+    fn admit_early(&mut self, key: &ServiceKey, instance: &InstanceId, verifier: &dyn Verifier) {
+        if self.early_health.is_empty() {
+            return;
+        }
+        let slot = (key.clone(), instance.clone());
+        let Some(held) = self.early_health.get(&slot) else {
+            return;
+        };
+        let life_gen = self.services[key].instances[instance].lifecycle.marker.0;
+        if held.record.generation > life_gen {
+            return;
+        }
+        let held = self.early_health.remove(&slot).expect("just seen");
+        let outcome = self.merge_health(held, verifier);
+        if outcome != MergeOutcome::Applied {
+            self.counters.count(&outcome);
+        }
+    }
+
+    fn observe_owner(&mut self, owner: NodeId, boot: Generation, seq: HealthSeq) {
+        let state = self.owners.entry(owner).or_default();
+        if state.head.observe(boot.0, seq.0) == Observed::Overflow {
+            self.counters.pending_overflow += 1;
+        }
+    }
+
+    fn store_health(&mut self, signed: Arc<SignedHealth>) {
+        self.index += 1;
+        let index = self.index;
+        let rec = &signed.record;
+        let marker = rec.order();
+        let owner = self.owners.entry(rec.owner.clone()).or_default();
+        owner.by_seq.insert(
+            (rec.owner_boot, rec.seq),
+            (rec.key.clone(), rec.instance.clone()),
+        );
+        let service = self.services.get_mut(&rec.key).expect("checked in merge");
+        service.modify_index = index;
+        let entry = service
+            .instances
+            .get_mut(&rec.instance)
+            .expect("checked in merge");
+        match &mut entry.health {
+            None => {
+                entry.health = Some(LWWReg {
+                    val: signed,
+                    marker,
+                })
+            }
+            Some(h) => {
+                let old = &h.val.record;
+                if let Some(o) = self.owners.get_mut(&old.owner) {
+                    o.by_seq.remove(&(old.owner_boot, old.seq));
+                }
+                h.update(signed, marker);
+            }
+        }
+    }
+
+    // ---- merging whole catalogs ----------------------------------------------------------
+
+    /// Merges every record of `other` into `self` (lifecycle first, so health finds its
+    /// admission), then adopts `other`'s heads where they extend ours without a hole.
+    pub fn merge_catalog(&mut self, other: &Catalog, verifier: &dyn Verifier) -> DeltaOutcome {
+        let mut out = DeltaOutcome::default();
+        for (_, _, e) in other.entries() {
+            tally(
+                &mut out,
+                &self.apply_lifecycle(e.lifecycle.val.clone(), verifier),
+            );
+        }
+        for (_, _, e) in other.entries() {
+            if let Some(h) = &e.health {
+                tally(&mut out, &self.apply_health(h.val.clone(), verifier));
+            }
+        }
+        for early in other.early_health.values() {
+            tally(&mut out, &self.apply_health(early.clone(), verifier));
+        }
+        if out.rejected == 0 {
+            for (region, theirs) in &other.regions {
+                // Their completeness covers ours only if they collected no tombstone we have
+                // not seen: otherwise a record they dropped could still be live here.
+                let ours = self.regions.entry(region.clone()).or_default();
+                if ours.head.contiguous() >= theirs.gc_floor.0 {
+                    let before = ours.head.contiguous();
+                    ours.head.join(&theirs.head);
+                    out.head_advanced |= ours.head.contiguous() > before;
+                }
+            }
+            for (owner, theirs) in &other.owners {
+                let ours = self.owners.entry(owner.clone()).or_default();
+                let before = (ours.head.epoch(), ours.head.contiguous());
+                ours.head.join(&theirs.head);
+                out.head_advanced |= (ours.head.epoch(), ours.head.contiguous()) > before;
+            }
+        }
+        out
+    }
+
+    // ---- deltas --------------------------------------------------------------------------
+
+    /// Lifecycle records of `region` that changed after `since`, at most `max_records`.
+    ///
+    /// # Errors
+    /// [`DeltaError::Compacted`] when `since` is below this catalog's GC floor.
+    pub fn lifecycle_delta(
+        &self,
+        region: &Region,
+        since: Revision,
+        max_records: usize,
+    ) -> Result<LifecycleDelta, DeltaError> {
+        let empty = LifecycleDelta {
+            region: region.clone(),
+            from: since,
+            complete_to: since,
+            records: Vec::new(),
+        };
+        let Some(state) = self.regions.get(region) else {
+            return Ok(empty);
+        };
+        if since < state.gc_floor {
+            return Err(DeltaError::Compacted {
+                since,
+                gc_floor: state.gc_floor,
+            });
+        }
+        let mut records = Vec::new();
+        let mut truncated_at = None;
+        for (rev, (key, instance)) in state.by_revision.range(since.next()..) {
+            if records.len() == max_records {
+                truncated_at = Some(Revision(rev.0 - 1));
+                break;
+            }
+            let entry = self
+                .entry(key, instance)
+                .expect("index points at held entries");
+            records.push(entry.lifecycle.val.clone());
+        }
+        let contiguous = Revision(state.head.contiguous());
+        let complete_to = truncated_at
+            .unwrap_or(contiguous)
+            .min(contiguous)
+            .max(since);
+        Ok(LifecycleDelta {
+            complete_to,
+            records,
+            ..empty
+        })
+    }
+
+    /// Health records of `owner` newer than `(boot, since)`, at most `max_records`. When this
+    /// catalog knows a newer boot of the owner, the delta starts at 0 of that boot.
+    pub fn health_delta(
+        &self,
+        owner: &NodeId,
+        boot: Generation,
+        since: HealthSeq,
+        max_records: usize,
+    ) -> HealthDelta {
+        let Some(state) = self.owners.get(owner) else {
+            return HealthDelta {
+                owner: owner.clone(),
+                boot,
+                from: since,
+                complete_to: since,
+                records: Vec::new(),
+            };
+        };
+        let our_boot = Generation(state.head.epoch());
+        let from = if our_boot > boot { HealthSeq(0) } else { since };
+        let mut records = Vec::new();
+        let mut truncated_at = None;
+        if our_boot >= boot {
+            let start = (our_boot, from.next());
+            let end = (our_boot.next(), HealthSeq(0));
+            for ((_, seq), (key, instance)) in state.by_seq.range(start..end) {
+                if records.len() == max_records {
+                    truncated_at = Some(HealthSeq(seq.0 - 1));
+                    break;
+                }
+                let entry = self
+                    .entry(key, instance)
+                    .expect("index points at held entries");
+                let health = entry.health.as_ref().expect("indexed health exists");
+                records.push(health.val.clone());
+            }
+        }
+        let contiguous = HealthSeq(state.head.contiguous());
+        let complete_to = if our_boot < boot {
+            since
+        } else {
+            truncated_at.unwrap_or(contiguous).min(contiguous).max(from)
+        };
+        HealthDelta {
+            owner: owner.clone(),
+            boot: our_boot.max(boot),
+            from,
+            complete_to,
+            records,
+        }
+    }
+
+    /// Applies a lifecycle delta; extends the head by its completeness claim when every record
+    /// in it was accepted.
+    pub fn apply_lifecycle_delta(
+        &mut self,
+        delta: &LifecycleDelta,
+        verifier: &dyn Verifier,
+    ) -> DeltaOutcome {
+        let mut out = DeltaOutcome::default();
+        for rec in &delta.records {
+            tally(&mut out, &self.apply_lifecycle(rec.clone(), verifier));
+        }
+        if out.rejected == 0 {
+            let state = self.regions.entry(delta.region.clone()).or_default();
+            out.head_advanced = state.head.cover(0, delta.from.0, delta.complete_to.0);
+        }
+        out
+    }
+
+    /// Applies a health delta; extends the owner's head like
+    /// [`Catalog::apply_lifecycle_delta`]. Unadmitted records also block the extension (they
+    /// will be asked for again once their lifecycle record arrives).
+    pub fn apply_health_delta(
+        &mut self,
+        delta: &HealthDelta,
+        verifier: &dyn Verifier,
+    ) -> DeltaOutcome {
+        let mut out = DeltaOutcome::default();
+        let mut unadmitted = false;
+        for rec in &delta.records {
+            let o = self.apply_health(rec.clone(), verifier);
+            unadmitted |= o == MergeOutcome::Unadmitted;
+            tally(&mut out, &o);
+        }
+        if out.rejected == 0 && !unadmitted {
+            let state = self.owners.entry(delta.owner.clone()).or_default();
+            out.head_advanced = state
+                .head
+                .cover(delta.boot.0, delta.from.0, delta.complete_to.0);
+        }
+        out
+    }
+
+    // ---- garbage collection --------------------------------------------------------------
+
+    /// Drops EXPIRED tombstones of `region` whose revision is `<= horizon` (clamped to the
+    /// region's contiguous head, so nothing unseen is ever declared collected) and raises the
+    /// region's GC floor. Returns how many were dropped.
+    pub fn collect_garbage(&mut self, region: &Region, horizon: Revision) -> usize {
+        let Some(state) = self.regions.get_mut(region) else {
+            return 0;
+        };
+        let horizon = horizon.min(Revision(state.head.contiguous()));
+        if horizon <= state.gc_floor {
+            return 0;
+        }
+        let mut doomed = Vec::new();
+        for (rev, (key, instance)) in state.by_revision.range(..=horizon) {
+            let entry = &self.services[key].instances[instance];
+            if entry.lifecycle.val.record.state == LifecycleState::Expired {
+                doomed.push((*rev, key.clone(), instance.clone()));
+            }
+        }
+        for (rev, key, instance) in &doomed {
+            state.by_revision.remove(rev);
+            let service = self.services.get_mut(key).expect("indexed");
+            service.instances.remove(instance);
+            if service.instances.is_empty() {
+                self.services.remove(key);
+            }
+        }
+        state.gc_floor = horizon;
+        self.entries -= doomed.len();
+        self.counters.collected += doomed.len() as u64;
+        doomed.len()
+    }
+
+    // ---- snapshots -----------------------------------------------------------------------
+
+    /// GC floor of a region.
+    pub fn gc_floor(&self, region: &Region) -> Revision {
+        self.regions.get(region).map_or(Revision(0), |r| r.gc_floor)
+    }
+
+    pub(crate) fn raw_heads(&self) -> (Vec<RegionHead>, Vec<OwnerHead>) {
+        let h = self.heads();
+        (h.regions, h.owners)
+    }
+
+    /// Replaces everything this catalog holds for the snapshot's scope with the snapshot's
+    /// contents, keeping local records that are *newer* than the snapshot. The snapshot must
+    /// already be decoded and verified ([`crate::snapshot::decode`]); this step cannot fail, so
+    /// the replacement is atomic.
+    pub fn install(
+        &mut self,
+        snap: &crate::snapshot::Snapshot,
+        verifier: &dyn Verifier,
+    ) -> DeltaOutcome {
+        // Drop local entries in scope that the snapshot proves superseded or collected.
+        let heads: BTreeMap<&Region, &RegionHead> =
+            snap.regions.iter().map(|h| (&h.region, h)).collect();
+        let in_snapshot: std::collections::BTreeSet<(&ServiceKey, &InstanceId)> = snap
+            .lifecycle
+            .iter()
+            .map(|r| (&r.record.key, &r.record.instance))
+            .collect();
+        let mut doomed = Vec::new();
+        for (key, instance, entry) in self.entries() {
+            if !snap.scope.contains(key) {
+                continue;
+            }
+            let rec = &entry.lifecycle.val.record;
+            let Some(head) = heads.get(&rec.region) else {
+                continue;
+            };
+            if rec.revision <= head.contiguous && !in_snapshot.contains(&(key, instance)) {
+                doomed.push((
+                    key.clone(),
+                    instance.clone(),
+                    rec.region.clone(),
+                    rec.revision,
+                ));
+            }
+        }
+        for (key, instance, region, revision) in doomed {
+            self.remove_entry(&key, &instance, &region, revision);
+        }
+        let mut out = DeltaOutcome::default();
+        for rec in &snap.lifecycle {
+            tally(&mut out, &self.apply_lifecycle(rec.clone(), verifier));
+        }
+        for rec in &snap.health {
+            tally(&mut out, &self.apply_health(rec.clone(), verifier));
+        }
+        if snap.scope.is_catalog() {
+            for h in &snap.regions {
+                let state = self.regions.entry(h.region.clone()).or_default();
+                state.gc_floor = state.gc_floor.max(h.gc_floor);
+                if h.contiguous.0 > state.head.contiguous() {
+                    out.head_advanced |=
+                        state.head.cover(0, state.head.contiguous(), h.contiguous.0);
+                }
+            }
+            for h in &snap.owners {
+                let state = self.owners.entry(h.owner.clone()).or_default();
+                out.head_advanced |= state.head.cover(h.boot.0, 0, h.contiguous.0);
+            }
+        }
+        self.index += 1;
+        out
+    }
+
+    fn remove_entry(
+        &mut self,
+        key: &ServiceKey,
+        instance: &InstanceId,
+        region: &Region,
+        revision: Revision,
+    ) {
+        if let Some(r) = self.regions.get_mut(region) {
+            r.by_revision.remove(&revision);
+        }
+        let service = self.services.get_mut(key).expect("entry exists");
+        if let Some(entry) = service.instances.remove(instance) {
+            self.entries -= 1;
+            if let Some(h) = entry.health {
+                if let Some(o) = self.owners.get_mut(&h.val.record.owner) {
+                    o.by_seq
+                        .remove(&(h.val.record.owner_boot, h.val.record.seq));
+                }
+            }
+        }
+        self.index += 1;
+        service.modify_index = self.index;
+        if service.instances.is_empty() {
+            self.services.remove(key);
+        }
+    }
+}
+
+/// Where a gap is.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum GapOrigin {
+    /// In a region's authority revision chain.
+    Region(Region),
+    /// In an owner agent's health chain.
+    Owner(NodeId),
+}
+
+fn tally(out: &mut DeltaOutcome, o: &MergeOutcome) {
+    match o {
+        MergeOutcome::Applied => out.applied += 1,
+        MergeOutcome::Stale | MergeOutcome::Duplicate | MergeOutcome::Unadmitted => {
+            out.ignored += 1
+        }
+        MergeOutcome::Conflict
+        | MergeOutcome::BadSignature(_)
+        | MergeOutcome::NotOwner
+        | MergeOutcome::Full => out.rejected += 1,
+    }
+}

@@ -1,0 +1,74 @@
+//! Who may sign what: the trusted authority keys per region and the node keys per node.
+
+use std::collections::BTreeMap;
+
+use shoal_proto::{
+    NodeId, Region, SignatureError, SignedHealth, SignedLifecycle, TrustedKeys, VerifyingKey,
+};
+
+/// Verifies signed records before they are merged (ARCHITECTURE invariant 4).
+///
+/// A trait so a simulator can share one verification cache between thousands of simulated
+/// agents (each signature is checked once, with the same result); the agent uses [`Keyring`].
+pub trait Verifier {
+    /// Verifies a lifecycle record against the trusted keys of the record's region.
+    ///
+    /// # Errors
+    /// [`SignatureError`]: unknown key, a key of another region, or a bad signature.
+    fn verify_lifecycle(&self, signed: &SignedLifecycle) -> Result<(), SignatureError>;
+
+    /// Verifies a health record against the key of its owner node.
+    ///
+    /// # Errors
+    /// [`SignatureError`]: unknown node key, a key of another node, or a bad signature.
+    fn verify_health(&self, signed: &SignedHealth) -> Result<(), SignatureError>;
+}
+
+/// Trusted keys: authority keys per region (two during a rotation overlap) and node keys.
+#[derive(Clone, Debug, Default)]
+pub struct Keyring {
+    authorities: BTreeMap<Region, TrustedKeys>,
+    nodes: BTreeMap<NodeId, TrustedKeys>,
+}
+
+impl Keyring {
+    /// An empty keyring: trusts nothing, so every record is refused.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Trusts `key` to sign lifecycle records of `region`.
+    pub fn trust_authority(&mut self, region: Region, key: VerifyingKey) {
+        self.authorities.entry(region).or_default().insert(key);
+    }
+
+    /// Trusts `key` to sign health records of instances owned by `node`.
+    pub fn trust_node(&mut self, node: NodeId, key: VerifyingKey) {
+        self.nodes.entry(node).or_default().insert(key);
+    }
+
+    /// True when `node` has at least one trusted key.
+    pub fn knows_node(&self, node: &NodeId) -> bool {
+        self.nodes.contains_key(node)
+    }
+}
+
+impl Verifier for Keyring {
+    fn verify_lifecycle(&self, signed: &SignedLifecycle) -> Result<(), SignatureError> {
+        let key = self
+            .authorities
+            .get(&signed.record.region)
+            .and_then(|keys| keys.get(signed.signer))
+            .ok_or(SignatureError::UnknownKey(signed.signer))?;
+        key.verify_lifecycle(signed)
+    }
+
+    fn verify_health(&self, signed: &SignedHealth) -> Result<(), SignatureError> {
+        let key = self
+            .nodes
+            .get(&signed.record.owner)
+            .and_then(|keys| keys.get(signed.signer))
+            .ok_or(SignatureError::UnknownKey(signed.signer))?;
+        key.verify_health(signed)
+    }
+}
