@@ -1,7 +1,8 @@
 //! # shoal-proto
 //!
-//! The wire vocabulary of shoal: identifiers ([`ids`]), endpoint records ([`record`]), the
-//! versioned message envelope ([`envelope`]) and ed25519 signatures ([`sign`]).
+//! The wire vocabulary of shoal: identifiers ([`ids`]), endpoint records ([`record`]), service
+//! policy documents ([`policy`]), the versioned message envelope ([`envelope`]) and ed25519
+//! signatures ([`sign`]).
 //!
 //! This crate does no IO and reads no clock. Everything it decodes is bounded: identifiers
 //! validate charset and length while deserialising, label sets are capped, and every message is
@@ -20,16 +21,19 @@
 
 pub mod envelope;
 pub mod ids;
+pub mod policy;
 pub mod record;
 pub mod sign;
 
 pub use ids::{
     Generation, HealthSeq, InstanceId, Name, NodeId, Region, Revision, ServiceKey, Version, Zone,
 };
+pub use policy::{FailoverMode, PolicyError, PolicyRecord, ServicePolicy};
 pub use record::{
     EndpointSpec, HealthRecord, HealthStatus, LabelDimension, Labels, LifecycleRecord,
     LifecycleState, TransitionReason, TransitionSource,
 };
 pub use sign::{
-    KeyId, SignatureError, SignedHealth, SignedLifecycle, SigningKey, TrustedKeys, VerifyingKey,
+    KeyId, SignatureBytes, SignatureError, SignedHealth, SignedLifecycle, SignedPolicy, SigningKey, TrustedKeys,
+    VerifyingKey,
 };

@@ -10,10 +10,12 @@ use std::fmt;
 use ed25519_dalek::Signer;
 use serde::{Deserialize, Serialize};
 
+use crate::policy::PolicyRecord;
 use crate::record::{HealthRecord, LifecycleRecord};
 
 const LIFECYCLE_CONTEXT: &[u8] = b"shoal/lifecycle/v1\0";
 const HEALTH_CONTEXT: &[u8] = b"shoal/health/v1\0";
+const POLICY_CONTEXT: &[u8] = b"shoal/policy/v1\0";
 
 /// Short id of a public key: its first 8 bytes. Lets a verifier pick the key without trying all.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -76,6 +78,18 @@ pub struct SignedHealth {
     /// Which node key signed it.
     pub signer: KeyId,
     /// Signature over `HEALTH_CONTEXT || postcard(record)`.
+    pub signature: SignatureBytes,
+}
+
+/// A service policy document with the region authority's signature.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SignedPolicy {
+    /// The document and its policy revision.
+    pub record: PolicyRecord,
+    /// Which authority key signed it.
+    pub signer: KeyId,
+    /// Signature over `POLICY_CONTEXT || postcard(record)` (context `shoal/policy/v1`, so a
+    /// policy signature can never be replayed as a lifecycle or health record, nor vice versa).
     pub signature: SignatureBytes,
 }
 
@@ -170,6 +184,16 @@ impl SigningKey {
         }
     }
 
+    /// Signs a service policy document (authority keys only, by convention).
+    pub fn sign_policy(&self, record: PolicyRecord) -> SignedPolicy {
+        let sig = self.key.sign(&canonical(POLICY_CONTEXT, &record));
+        SignedPolicy {
+            record,
+            signer: self.id,
+            signature: SignatureBytes::from_sig(&sig),
+        }
+    }
+
     /// Signs a health record (node keys only, by convention).
     pub fn sign_health(&self, record: HealthRecord) -> SignedHealth {
         let sig = self.key.sign(&canonical(HEALTH_CONTEXT, &record));
@@ -217,6 +241,22 @@ impl VerifyingKey {
         self.key
             .verify_strict(
                 &canonical(LIFECYCLE_CONTEXT, &signed.record),
+                &signed.signature.to_sig(),
+            )
+            .map_err(|_| SignatureError::Invalid)
+    }
+
+    /// Verifies a signed policy document against this key.
+    ///
+    /// # Errors
+    /// As [`VerifyingKey::verify_lifecycle`].
+    pub fn verify_policy(&self, signed: &SignedPolicy) -> Result<(), SignatureError> {
+        if signed.signer != self.id {
+            return Err(SignatureError::WrongSigner(signed.signer));
+        }
+        self.key
+            .verify_strict(
+                &canonical(POLICY_CONTEXT, &signed.record),
                 &signed.signature.to_sig(),
             )
             .map_err(|_| SignatureError::Invalid)
