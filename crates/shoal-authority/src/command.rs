@@ -1,0 +1,110 @@
+//! Commands: the entries of the authority's Raft log, and the context they are applied in.
+
+use serde::{Deserialize, Serialize};
+use shoal_proto::{
+    EndpointSpec, Generation, InstanceId, LifecycleState, NodeId, ServiceKey, ServicePolicy,
+    SigningKey, TransitionReason,
+};
+
+use crate::caller::Caller;
+
+/// One authority command: the payload of one Raft log entry.
+///
+/// Times inside commands (`at_ms`, `now_ms`) are readings of the **proposing leader's monotonic
+/// clock** in milliseconds, taken before proposing; the state machine never reads a clock
+/// itself, so every replica (and the simulator) computes the same result from the same log.
+/// Readings of two different leaders are not comparable; [`AuthorityCommand::LeaderTakeover`]
+/// rebases the lease bookkeeping onto the new leader's clock.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AuthorityCommand {
+    /// Admit `instance` of `key` as a new boot generation in STARTING, bound to a node.
+    ///
+    /// The generation is the Raft log index of this command. If the instance id is already
+    /// bound, the new generation supersedes the old one (a restart, or a move by an
+    /// orchestrator): agents replace the old generation's record with the new one.
+    Register {
+        /// Who asks.
+        caller: Caller,
+        /// Catalog key.
+        key: ServiceKey,
+        /// Stable instance id.
+        instance: InstanceId,
+        /// Node to bind to. `None` for a node caller (binds to itself); required for
+        /// orchestrators and operators, who register on behalf of a node.
+        on_node: Option<NodeId>,
+        /// Address and routing metadata.
+        endpoint: EndpointSpec,
+        /// How long, in milliseconds, the owner node may stay down before the lease safety net
+        /// expires the record: `MIN_LEASE_MS..=MAX_LEASE_MS`.
+        lease_ms: u32,
+    },
+    /// Move the current generation of an instance to another lifecycle state: READY
+    /// (`ReadinessPassed`), DRAINING (`DrainRequested`), back to READY (`DrainCancelled`), or
+    /// EXPIRED (`Deregistered`). `LeaseExpired` is reserved for the authority.
+    Transition {
+        /// Who asks.
+        caller: Caller,
+        /// Catalog key.
+        key: ServiceKey,
+        /// Stable instance id.
+        instance: InstanceId,
+        /// The generation the caller believes is current. Anything else is refused, so a
+        /// delayed request from an old process never touches its replacement.
+        generation: Generation,
+        /// Requested state.
+        to: LifecycleState,
+        /// Why; must match a row of `shoal_catalog::lifecycle::LEGAL_TRANSITIONS`.
+        reason: TransitionReason,
+    },
+    /// The leader's mesh view declared `node` down at `at_ms` (leader monotonic ms). Starts the
+    /// lease clock of every record the node owns. Emits nothing.
+    NodeDown {
+        /// The node.
+        node: NodeId,
+        /// When the mesh declared it down, leader monotonic ms.
+        at_ms: u64,
+    },
+    /// The leader's mesh view sees `node` alive again: its lease clocks stop. Emits nothing.
+    NodeUp {
+        /// The node.
+        node: NodeId,
+    },
+    /// The lease safety net: expire every non-expired record whose owner node has been down
+    /// for at least the record's lease at `now_ms`, in one batch of at most
+    /// [`crate::MAX_EXPIRE_BATCH`] records, each with its own revision.
+    ExpireLeases {
+        /// Leader monotonic ms when the batch was proposed.
+        now_ms: u64,
+    },
+    /// A new leader's first command: rebases every down node's lease clock onto this leader's
+    /// clock, granting a full lease of grace from `now_ms` (see
+    /// [`crate::AuthorityState`]'s "Leases and leader changes").
+    LeaderTakeover {
+        /// The new leader's monotonic ms at takeover.
+        now_ms: u64,
+    },
+    /// Store (replace) the signed cross-region policy of `key`. Operators only.
+    PutPolicy {
+        /// Who asks.
+        caller: Caller,
+        /// Service the policy applies to.
+        key: ServiceKey,
+        /// The document.
+        policy: ServicePolicy,
+    },
+}
+
+/// What the Raft layer knows about the entry being applied, and the key to sign with.
+#[derive(Clone, Copy, Debug)]
+pub struct ApplyContext<'a> {
+    /// Raft log index of the entry. Strictly increasing across applies; assigns generations
+    /// (never a clock) so generations are monotonic per instance id on every replica.
+    pub log_index: u64,
+    /// Leader wall-clock time of the commit in Unix ms. Informational only: copied into
+    /// `committed_at_ms` of emitted records (drain propagation is measured from it); never
+    /// used for ordering or leases.
+    pub committed_at_ms: u64,
+    /// The region's authority key. Every replica signs with it: ed25519 signing is
+    /// deterministic, so all replicas emit byte-identical records.
+    pub signing_key: &'a SigningKey,
+}

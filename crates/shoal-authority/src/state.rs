@@ -1,0 +1,813 @@
+//! The authority's replicated state and its one mutator, [`AuthorityState::apply`].
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use shoal_catalog::check_transition;
+use shoal_proto::{
+    EndpointSpec, Generation, InstanceId, LifecycleRecord, LifecycleState, NodeId, PolicyRecord,
+    Region, Revision, ServiceKey, ServicePolicy, SignedLifecycle, SignedPolicy, TransitionReason,
+    TransitionSource,
+};
+
+use crate::audit::{AuditEntry, AuditLog, AuditOutcome, CommandSummary, DEFAULT_AUDIT_CAPACITY};
+use crate::caller::{Caller, CallerId, MAX_SCOPES};
+use crate::command::{ApplyContext, AuthorityCommand};
+use crate::refusal::{InvalidRequest, Refusal};
+
+/// Shortest lease a registration may ask for, in ms. Shorter leases would let a brief mesh
+/// hiccup expire healthy records (the mesh needs seconds to declare a node down and up again).
+pub const MIN_LEASE_MS: u32 = 1_000;
+/// Longest lease a registration may ask for, in ms (one day): an abandoned record must go away
+/// eventually.
+pub const MAX_LEASE_MS: u32 = 86_400_000;
+/// Most bindings (live and expired tombstones) one region holds: a region plans for ~33,000
+/// endpoints, the whole system for 100,000. Past it new instance ids are refused.
+pub const MAX_BINDINGS: usize = 250_000;
+/// Most records one [`AuthorityCommand::ExpireLeases`] expires; the rest wait for the next
+/// batch (the driver proposes again while [`AuthorityState::next_lease_deadline_ms`] is due).
+pub const MAX_EXPIRE_BATCH: usize = 4_096;
+/// Most nodes tracked as down at once (a region has ~1,667 nodes).
+pub const MAX_DOWN_NODES: usize = 65_536;
+/// Most service policy documents one region stores (2,000 services, a few ports each).
+pub const MAX_POLICIES: usize = 65_536;
+
+/// What the authority holds for one (service key, instance id): the current generation's
+/// signed lifecycle record, whose `owner` is the node the instance is bound to.
+///
+/// Expired bindings are kept as tombstones: they still refuse stale generations by number.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Binding {
+    current: SignedLifecycle,
+}
+
+impl Binding {
+    /// The node the instance is bound to; only its agent may change it (besides orchestrators
+    /// and operators).
+    pub fn node(&self) -> &NodeId {
+        &self.current.record.owner
+    }
+
+    /// The current boot generation (the log index of its registration).
+    pub fn generation(&self) -> Generation {
+        self.current.record.generation
+    }
+
+    /// The current lifecycle state.
+    pub fn state(&self) -> LifecycleState {
+        self.current.record.state
+    }
+
+    /// The lease in ms.
+    pub fn lease_ms(&self) -> u32 {
+        self.current.record.lease_ms
+    }
+
+    /// The last signed record of the current generation (what agents should hold).
+    pub fn current(&self) -> &SignedLifecycle {
+        &self.current
+    }
+}
+
+/// A record the authority decided to emit, before it gets a revision and a signature.
+struct Planned {
+    /// State of this generation before the transition (`None` for a registration).
+    from: Option<LifecycleState>,
+    record: LifecycleRecord,
+}
+
+/// The internal-consistency check on a decoded or live state failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StateError {
+    /// The bytes are not a postcard-encoded [`AuthorityState`].
+    #[error("snapshot does not decode: {0}")]
+    Decode(String),
+    /// The state decodes but breaks an invariant; it must not be installed.
+    #[error("snapshot breaks an invariant: {0}")]
+    Invariant(&'static str),
+}
+
+/// The per-region authority's state: the deterministic core that the Raft state machine and
+/// the simulator both run.
+///
+/// # Shape
+/// - `region`, and the **next revision** (gap-free across every emitted lifecycle record,
+///   starting at 1; refusals and record-less commands consume none);
+/// - one [`Binding`] per (service key, instance id);
+/// - the **down nodes** with the time (leader monotonic ms) their lease clocks started;
+/// - one signed policy document per service key, with its own gap-free policy revision;
+/// - the [`AuditLog`] ring.
+///
+/// It is serde-serialisable (postcard) so it can be a Raft snapshot; see
+/// [`AuthorityState::encode`] and [`AuthorityState::decode`].
+///
+/// # Determinism
+/// [`AuthorityState::apply`] reads no clock, no RNG and does no IO. Generations come from the
+/// Raft log index, times from the command, the signature from the key in the context (ed25519
+/// is deterministic). Two replicas applying the same log emit byte-identical records.
+///
+/// # Leases and leader changes
+/// A record's lease runs only while its owner node is down in the leader's mesh view
+/// ([`AuthorityCommand::NodeDown`] starts it, [`AuthorityCommand::NodeUp`] stops it), and
+/// [`AuthorityCommand::ExpireLeases`] at `now_ms` expires records whose node has been down for
+/// `now_ms - down_since_ms >= lease_ms`. Renewal is implicit: nothing is written while nodes
+/// are alive.
+///
+/// All those times are one leader's monotonic clock, and monotonic clocks of two machines are
+/// not comparable (each counts from its own boot). So a new leader's first command is
+/// [`AuthorityCommand::LeaderTakeover`] at its own `now_ms`, which sets every down node's
+/// `down_since_ms` to `now_ms` and floors later `NodeDown` times at `now_ms`. This is
+/// `max(down_since, now)` whenever the new clock is not behind the old one's readings, and it
+/// is also right when it is behind:
+/// - **never early**: every down node gets a full lease of downtime counted on one clock from
+///   the takeover, and it was already down before the takeover, so its real downtime at
+///   expiry is at least the lease. Without the reset, a new leader whose clock runs ahead
+///   (a longer uptime) would compute a huge downtime and expire a node that went down a
+///   second ago.
+/// - **never forever**: a node that stays down is expired at most one lease after the last
+///   takeover (plus the driver's `ExpireLeases` cadence). Keeping `down_since` when it is
+///   *ahead* of the new clock (the literal `max`) would instead postpone expiry by the
+///   clocks' offset, which for boot-relative clocks can be days.
+///
+/// The price is that each leader change can postpone expiry of an already-down node by up to
+/// one lease; leader changes are rare and the lease is the safety net, not the removal path.
+/// The Raft driver must make `LeaderTakeover` the first command a new leader proposes (Raft
+/// guarantees no older leader's entry commits after it).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuthorityState {
+    region: Region,
+    next_revision: Revision,
+    next_policy_revision: Revision,
+    last_applied_index: u64,
+    services: BTreeMap<ServiceKey, BTreeMap<InstanceId, Binding>>,
+    down_nodes: BTreeMap<NodeId, u64>,
+    lease_floor_ms: u64,
+    policies: BTreeMap<ServiceKey, SignedPolicy>,
+    audit: AuditLog,
+}
+
+impl AuthorityState {
+    /// An empty state for `region` with the default audit capacity
+    /// ([`DEFAULT_AUDIT_CAPACITY`]).
+    pub fn new(region: Region) -> Self {
+        Self::with_audit_capacity(region, DEFAULT_AUDIT_CAPACITY)
+    }
+
+    /// An empty state keeping the last `audit_capacity` audit entries (at least 1).
+    pub fn with_audit_capacity(region: Region, audit_capacity: usize) -> Self {
+        Self {
+            region,
+            next_revision: Revision(1),
+            next_policy_revision: Revision(1),
+            last_applied_index: 0,
+            services: BTreeMap::new(),
+            down_nodes: BTreeMap::new(),
+            lease_floor_ms: 0,
+            policies: BTreeMap::new(),
+            audit: AuditLog::new(audit_capacity),
+        }
+    }
+
+    // ---- getters -------------------------------------------------------------------------
+
+    /// The region this authority signs for.
+    pub fn region(&self) -> &Region {
+        &self.region
+    }
+
+    /// The revision the next emitted record will get (starts at 1).
+    pub fn next_revision(&self) -> Revision {
+        self.next_revision
+    }
+
+    /// The last revision assigned (0 when nothing was emitted yet). Every revision in
+    /// `1..=head_revision()` was emitted exactly once.
+    pub fn head_revision(&self) -> Revision {
+        Revision(self.next_revision.0 - 1)
+    }
+
+    /// The last policy revision assigned (0 when no policy was stored yet).
+    pub fn head_policy_revision(&self) -> Revision {
+        Revision(self.next_policy_revision.0 - 1)
+    }
+
+    /// The Raft log index of the last applied command (0 before the first).
+    pub fn last_applied_index(&self) -> u64 {
+        self.last_applied_index
+    }
+
+    /// The binding of one instance, if it was ever admitted (and is not garbage).
+    pub fn binding(&self, key: &ServiceKey, instance: &InstanceId) -> Option<&Binding> {
+        self.services.get(key)?.get(instance)
+    }
+
+    /// Every binding, in (service key, instance id) order.
+    pub fn bindings(&self) -> impl Iterator<Item = (&ServiceKey, &InstanceId, &Binding)> {
+        self.services
+            .iter()
+            .flat_map(|(k, m)| m.iter().map(move |(i, b)| (k, i, b)))
+    }
+
+    /// The bindings of one service, in instance id order (a service snapshot for agents).
+    pub fn service(&self, key: &ServiceKey) -> impl Iterator<Item = (&InstanceId, &Binding)> {
+        self.services.get(key).into_iter().flatten()
+    }
+
+    /// Number of bindings held (tombstones included).
+    pub fn binding_count(&self) -> usize {
+        self.services.values().map(BTreeMap::len).sum()
+    }
+
+    /// When `node`'s lease clock started (leader monotonic ms), if the state tracks it as down.
+    ///
+    /// A down node that owns no live record any more is forgotten after an
+    /// [`AuthorityCommand::ExpireLeases`]; the driver proposes [`AuthorityCommand::NodeDown`]
+    /// again whenever its mesh view says "down" and this says `None`.
+    pub fn down_since_ms(&self, node: &NodeId) -> Option<u64> {
+        self.down_nodes.get(node).copied()
+    }
+
+    /// Every node tracked as down with its lease-clock start, in node order.
+    pub fn down_nodes(&self) -> impl Iterator<Item = (&NodeId, u64)> {
+        self.down_nodes.iter().map(|(n, t)| (n, *t))
+    }
+
+    /// The earliest leader-monotonic ms at which an [`AuthorityCommand::ExpireLeases`] would
+    /// expire something, or `None` if nothing is on a lease clock. Lets the leader propose the
+    /// batch only when it is due instead of polling through the Raft log.
+    pub fn next_lease_deadline_ms(&self) -> Option<u64> {
+        if self.down_nodes.is_empty() {
+            return None;
+        }
+        self.bindings()
+            .filter(|(_, _, b)| b.state() != LifecycleState::Expired)
+            .filter_map(|(_, _, b)| {
+                let since = self.down_nodes.get(b.node())?;
+                Some(since.saturating_add(u64::from(b.lease_ms())))
+            })
+            .min()
+    }
+
+    /// The signed policy document of `key`, if one was stored.
+    pub fn policy(&self, key: &ServiceKey) -> Option<&SignedPolicy> {
+        self.policies.get(key)
+    }
+
+    /// Every stored policy, in service key order.
+    pub fn policies(&self) -> impl Iterator<Item = &SignedPolicy> {
+        self.policies.values()
+    }
+
+    /// The audit log.
+    pub fn audit(&self) -> &AuditLog {
+        &self.audit
+    }
+
+    // ---- the mutator ---------------------------------------------------------------------
+
+    /// Applies one committed command.
+    ///
+    /// Returns the signed lifecycle records it emitted, in revision order (empty for liveness,
+    /// takeover and policy commands; read a stored policy back with
+    /// [`AuthorityState::policy`]). Every record passed `shoal_catalog::check_transition`, is
+    /// signed with `ctx.signing_key`, and has revision `head_revision() + 1, + 2, ...`.
+    ///
+    /// Every call, accepted or refused, appends one audit entry and records `ctx.log_index`
+    /// as applied.
+    ///
+    /// # Errors
+    /// A [`Refusal`] saying why; then nothing but the audit log and the last applied index
+    /// changed.
+    pub fn apply(
+        &mut self,
+        cmd: AuthorityCommand,
+        ctx: ApplyContext<'_>,
+    ) -> Result<Vec<SignedLifecycle>, Refusal> {
+        let caller = caller_id(&cmd);
+        let command = summary(&cmd);
+        let result = self.execute(cmd, ctx);
+        let outcome = match &result {
+            Ok((records, policy_revision)) => AuditOutcome::Accepted {
+                records: u32::try_from(records.len()).expect("batches are bounded"),
+                policy_revision: *policy_revision,
+            },
+            Err(refusal) => AuditOutcome::Refused(refusal.clone()),
+        };
+        self.audit.push(AuditEntry {
+            seq: 0,
+            log_index: ctx.log_index,
+            committed_at_ms: ctx.committed_at_ms,
+            caller,
+            command,
+            outcome,
+            revision: self.head_revision(),
+        });
+        debug_assert!(self.down_nodes.len() <= MAX_DOWN_NODES);
+        debug_assert!(self.policies.len() <= MAX_POLICIES);
+        result.map(|(records, _)| records)
+    }
+
+    fn execute(
+        &mut self,
+        cmd: AuthorityCommand,
+        ctx: ApplyContext<'_>,
+    ) -> Result<(Vec<SignedLifecycle>, Option<Revision>), Refusal> {
+        if ctx.log_index <= self.last_applied_index {
+            return Err(InvalidRequest::LogIndexNotIncreasing {
+                log_index: ctx.log_index,
+                last_applied: self.last_applied_index,
+            }
+            .into());
+        }
+        self.last_applied_index = ctx.log_index;
+        match cmd {
+            AuthorityCommand::Register {
+                caller,
+                key,
+                instance,
+                on_node,
+                endpoint,
+                lease_ms,
+            } => {
+                let req = RegisterRequest {
+                    caller: &caller,
+                    key,
+                    instance,
+                    on_node,
+                    endpoint,
+                    lease_ms,
+                };
+                let planned = self.plan_register(req, Generation(ctx.log_index))?;
+                Ok((self.emit(vec![planned], ctx), None))
+            }
+            AuthorityCommand::Transition {
+                caller,
+                key,
+                instance,
+                generation,
+                to,
+                reason,
+            } => {
+                let planned =
+                    self.plan_transition(&caller, &key, &instance, generation, to, reason)?;
+                Ok((self.emit(vec![planned], ctx), None))
+            }
+            AuthorityCommand::NodeDown { node, at_ms } => {
+                self.node_down(node, at_ms)?;
+                Ok((Vec::new(), None))
+            }
+            AuthorityCommand::NodeUp { node } => {
+                self.down_nodes.remove(&node);
+                Ok((Vec::new(), None))
+            }
+            AuthorityCommand::ExpireLeases { now_ms } => {
+                let planned = self.plan_expiry(now_ms);
+                let out = self.emit(planned, ctx);
+                self.forget_idle_down_nodes();
+                Ok((out, None))
+            }
+            AuthorityCommand::LeaderTakeover { now_ms } => {
+                self.take_over(now_ms);
+                Ok((Vec::new(), None))
+            }
+            AuthorityCommand::PutPolicy {
+                caller,
+                key,
+                policy,
+            } => {
+                self.check_policy(&caller, &key, &policy)?;
+                let revision = self.store_policy(key, policy, ctx);
+                Ok((Vec::new(), Some(revision)))
+            }
+        }
+    }
+
+    // ---- deciding (pure, &self) ----------------------------------------------------------
+
+    fn plan_register(
+        &self,
+        req: RegisterRequest<'_>,
+        generation: Generation,
+    ) -> Result<Planned, Refusal> {
+        let node = register_target(req.caller, &req.key, req.on_node)?;
+        if !(MIN_LEASE_MS..=MAX_LEASE_MS).contains(&req.lease_ms) {
+            return Err(InvalidRequest::LeaseOutOfRange {
+                lease_ms: req.lease_ms,
+            }
+            .into());
+        }
+        if req.endpoint.validate().is_err() {
+            return Err(InvalidRequest::Weight {
+                weight: req.endpoint.weight,
+            }
+            .into());
+        }
+        match self.binding(&req.key, &req.instance) {
+            Some(b) => {
+                let live_elsewhere = b.state() != LifecycleState::Expired && b.node() != &node;
+                if live_elsewhere && matches!(req.caller, Caller::Node(_)) {
+                    return Err(Refusal::NotOwner {
+                        bound_to: b.node().clone(),
+                    });
+                }
+                // Generations come from strictly increasing log indexes.
+                debug_assert!(b.generation() < generation);
+            }
+            None if self.binding_count() >= MAX_BINDINGS => {
+                return Err(Refusal::CapacityExhausted {
+                    limit: MAX_BINDINGS as u64,
+                })
+            }
+            None => {}
+        }
+        let (to, reason) = (LifecycleState::Starting, TransitionReason::Registered);
+        check_transition(None, to, reason).map_err(illegal)?;
+        Ok(Planned {
+            from: None,
+            record: LifecycleRecord {
+                key: req.key,
+                instance: req.instance,
+                generation,
+                region: self.region.clone(),
+                revision: Revision(0),
+                owner: node,
+                endpoint: req.endpoint,
+                state: to,
+                reason,
+                source: req.caller.source(),
+                lease_ms: req.lease_ms,
+                committed_at_ms: 0,
+            },
+        })
+    }
+
+    fn plan_transition(
+        &self,
+        caller: &Caller,
+        key: &ServiceKey,
+        instance: &InstanceId,
+        generation: Generation,
+        to: LifecycleState,
+        reason: TransitionReason,
+    ) -> Result<Planned, Refusal> {
+        check_scope_size(caller)?;
+        if reason == TransitionReason::LeaseExpired {
+            return Err(InvalidRequest::ReservedReason(reason).into());
+        }
+        let binding = self
+            .binding(key, instance)
+            .ok_or(Refusal::UnknownInstance)?;
+        authorize_change(caller, key, binding)?;
+        let current = binding.generation();
+        if generation < current {
+            return Err(Refusal::StaleGeneration {
+                requested: generation,
+                current,
+            });
+        }
+        if generation > current {
+            return Err(Refusal::UnknownGeneration {
+                requested: generation,
+                current,
+            });
+        }
+        let from = binding.state();
+        if from == LifecycleState::Expired {
+            return Err(Refusal::Expired);
+        }
+        if from == to {
+            return Err(Refusal::AlreadyInState(to));
+        }
+        check_transition(Some(from), to, reason).map_err(illegal)?;
+        Ok(Planned {
+            from: Some(from),
+            record: LifecycleRecord {
+                state: to,
+                reason,
+                source: caller.source(),
+                ..binding.current.record.clone()
+            },
+        })
+    }
+
+    fn plan_expiry(&self, now_ms: u64) -> Vec<Planned> {
+        if self.down_nodes.is_empty() {
+            return Vec::new();
+        }
+        let (to, reason) = (LifecycleState::Expired, TransitionReason::LeaseExpired);
+        self.bindings()
+            .filter(|(_, _, b)| b.state() != LifecycleState::Expired)
+            .filter(|(_, _, b)| {
+                self.down_nodes
+                    .get(b.node())
+                    .is_some_and(|&since| now_ms.saturating_sub(since) >= u64::from(b.lease_ms()))
+            })
+            .filter(|(_, _, b)| check_transition(Some(b.state()), to, reason).is_ok())
+            .take(MAX_EXPIRE_BATCH)
+            .map(|(_, _, b)| Planned {
+                from: Some(b.state()),
+                record: LifecycleRecord {
+                    state: to,
+                    reason,
+                    source: TransitionSource::Authority,
+                    ..b.current.record.clone()
+                },
+            })
+            .collect()
+    }
+
+    fn check_policy(
+        &self,
+        caller: &Caller,
+        key: &ServiceKey,
+        policy: &ServicePolicy,
+    ) -> Result<(), Refusal> {
+        if *caller != Caller::Operator {
+            return Err(Refusal::NotAllowed);
+        }
+        policy.validate().map_err(InvalidRequest::Policy)?;
+        if !self.policies.contains_key(key) && self.policies.len() >= MAX_POLICIES {
+            return Err(Refusal::CapacityExhausted {
+                limit: MAX_POLICIES as u64,
+            });
+        }
+        Ok(())
+    }
+
+    // ---- changing (&mut self) ------------------------------------------------------------
+
+    /// Assigns revisions, signs and stores planned records, in order.
+    fn emit(&mut self, planned: Vec<Planned>, ctx: ApplyContext<'_>) -> Vec<SignedLifecycle> {
+        let mut out = Vec::with_capacity(planned.len());
+        for Planned { from, mut record } in planned {
+            debug_assert!(check_transition(from, record.state, record.reason).is_ok());
+            debug_assert_eq!(record.region, self.region);
+            record.revision = self.next_revision;
+            record.committed_at_ms = ctx.committed_at_ms;
+            self.next_revision = Revision(
+                self.next_revision
+                    .0
+                    .checked_add(1)
+                    .expect("2^64 revisions are never reached"),
+            );
+            let signed = ctx.signing_key.sign_lifecycle(record);
+            self.store(signed.clone());
+            out.push(signed);
+        }
+        out
+    }
+
+    fn store(&mut self, signed: SignedLifecycle) {
+        let rec = &signed.record;
+        let slot = self.services.entry(rec.key.clone()).or_default();
+        let key = rec.instance.clone();
+        if let Some(old) = slot.get(&key) {
+            debug_assert!(old.current.record.order() < signed.record.order());
+        }
+        slot.insert(key, Binding { current: signed });
+    }
+
+    fn node_down(&mut self, node: NodeId, at_ms: u64) -> Result<(), Refusal> {
+        if self.down_nodes.contains_key(&node) {
+            // The first report started the clock; repeats must not restart or rewind it.
+            return Ok(());
+        }
+        if self.down_nodes.len() >= MAX_DOWN_NODES {
+            return Err(Refusal::CapacityExhausted {
+                limit: MAX_DOWN_NODES as u64,
+            });
+        }
+        self.down_nodes.insert(node, at_ms.max(self.lease_floor_ms));
+        Ok(())
+    }
+
+    /// Drops down nodes that own no live record: nothing is left for their lease to expire.
+    fn forget_idle_down_nodes(&mut self) {
+        if self.down_nodes.is_empty() {
+            return;
+        }
+        let busy: BTreeSet<&NodeId> = self
+            .bindings()
+            .filter(|(_, _, b)| b.state() != LifecycleState::Expired)
+            .map(|(_, _, b)| b.node())
+            .collect();
+        let idle: Vec<NodeId> = self
+            .down_nodes
+            .keys()
+            .filter(|n| !busy.contains(n))
+            .cloned()
+            .collect();
+        for n in idle {
+            self.down_nodes.remove(&n);
+        }
+    }
+
+    /// Rebases lease clocks onto the new leader's clock (see the type docs for why).
+    fn take_over(&mut self, now_ms: u64) {
+        for since in self.down_nodes.values_mut() {
+            *since = now_ms;
+        }
+        self.lease_floor_ms = now_ms;
+    }
+
+    fn store_policy(
+        &mut self,
+        key: ServiceKey,
+        policy: ServicePolicy,
+        ctx: ApplyContext<'_>,
+    ) -> Revision {
+        let revision = self.next_policy_revision;
+        self.next_policy_revision = revision.next();
+        let signed = ctx.signing_key.sign_policy(PolicyRecord {
+            key: key.clone(),
+            region: self.region.clone(),
+            revision,
+            policy,
+            committed_at_ms: ctx.committed_at_ms,
+        });
+        self.policies.insert(key, signed);
+        revision
+    }
+
+    // ---- snapshots -----------------------------------------------------------------------
+
+    /// Encodes the whole state (postcard) as a Raft snapshot.
+    pub fn encode(&self) -> Vec<u8> {
+        postcard::to_allocvec(self).expect("the state is plain data and always serialises")
+    }
+
+    /// Decodes a snapshot and checks its invariants before handing it out, so a corrupt or
+    /// hostile snapshot is never installed.
+    ///
+    /// # Errors
+    /// [`StateError::Decode`] for bytes that are not a state, [`StateError::Invariant`] for a
+    /// state that breaks one of the checks of [`AuthorityState::check_invariants`].
+    pub fn decode(bytes: &[u8]) -> Result<Self, StateError> {
+        let state: Self =
+            postcard::from_bytes(bytes).map_err(|e| StateError::Decode(e.to_string()))?;
+        state.check_invariants()?;
+        Ok(state)
+    }
+
+    /// Checks the state's internal consistency: counters start at 1, every binding sits under
+    /// its own key, belongs to this region, has a unique revision below the next one and a
+    /// generation no newer than the last applied index; policies likewise; bounds hold.
+    ///
+    /// # Errors
+    /// [`StateError::Invariant`] naming the first broken rule.
+    pub fn check_invariants(&self) -> Result<(), StateError> {
+        let fail = |what| Err(StateError::Invariant(what));
+        if self.next_revision.0 == 0 || self.next_policy_revision.0 == 0 {
+            return fail("revision counters start at 1");
+        }
+        if self.binding_count() > MAX_BINDINGS || self.down_nodes.len() > MAX_DOWN_NODES {
+            return fail("bindings or down nodes over their bound");
+        }
+        if self.policies.len() > MAX_POLICIES || self.audit.len() > self.audit.capacity() {
+            return fail("policies or audit log over their bound");
+        }
+        let mut revisions = BTreeSet::new();
+        for (key, instance, b) in self.bindings() {
+            let rec = &b.current.record;
+            if &rec.key != key || &rec.instance != instance {
+                return fail("binding filed under another key");
+            }
+            if rec.region != self.region {
+                return fail("binding of another region");
+            }
+            if rec.revision >= self.next_revision || !revisions.insert(rec.revision) {
+                return fail("binding revision not below next or not unique");
+            }
+            if rec.generation.0 > self.last_applied_index {
+                return fail("generation newer than the last applied index");
+            }
+        }
+        for (key, p) in &self.policies {
+            if &p.record.key != key || p.record.region != self.region {
+                return fail("policy filed under another key or region");
+            }
+            if p.record.revision >= self.next_policy_revision {
+                return fail("policy revision not below next");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The arguments of a registration, bundled.
+struct RegisterRequest<'a> {
+    caller: &'a Caller,
+    key: ServiceKey,
+    instance: InstanceId,
+    on_node: Option<NodeId>,
+    endpoint: EndpointSpec,
+    lease_ms: u32,
+}
+
+/// Which node a registration binds to, if the caller may register there at all.
+fn register_target(
+    caller: &Caller,
+    key: &ServiceKey,
+    on_node: Option<NodeId>,
+) -> Result<NodeId, Refusal> {
+    check_scope_size(caller)?;
+    match caller {
+        Caller::Node(me) => match on_node {
+            None => Ok(me.clone()),
+            Some(n) if &n == me => Ok(n),
+            Some(_) => Err(Refusal::NotAllowed),
+        },
+        Caller::Orchestrator { .. } | Caller::Operator => {
+            if !caller.manages_service(key) {
+                return Err(Refusal::NotAllowed);
+            }
+            on_node.ok_or(InvalidRequest::MissingNode.into())
+        }
+    }
+}
+
+/// May `caller` change the instance behind `binding`?
+fn authorize_change(caller: &Caller, key: &ServiceKey, binding: &Binding) -> Result<(), Refusal> {
+    match caller {
+        Caller::Node(me) if me == binding.node() => Ok(()),
+        Caller::Node(_) => Err(Refusal::NotOwner {
+            bound_to: binding.node().clone(),
+        }),
+        _ if caller.manages_service(key) => Ok(()),
+        _ => Err(Refusal::NotAllowed),
+    }
+}
+
+fn check_scope_size(caller: &Caller) -> Result<(), Refusal> {
+    match caller {
+        Caller::Orchestrator { scope, .. } if scope.len() > MAX_SCOPES => {
+            Err(InvalidRequest::TooManyScopes { count: scope.len() }.into())
+        }
+        _ => Ok(()),
+    }
+}
+
+fn illegal(e: shoal_catalog::IllegalTransition) -> Refusal {
+    Refusal::IllegalTransition {
+        from: e.from,
+        to: e.to,
+        reason: e.reason,
+    }
+}
+
+fn caller_id(cmd: &AuthorityCommand) -> CallerId {
+    match cmd {
+        AuthorityCommand::Register { caller, .. }
+        | AuthorityCommand::Transition { caller, .. }
+        | AuthorityCommand::PutPolicy { caller, .. } => caller.id(),
+        AuthorityCommand::NodeDown { .. }
+        | AuthorityCommand::NodeUp { .. }
+        | AuthorityCommand::ExpireLeases { .. }
+        | AuthorityCommand::LeaderTakeover { .. } => CallerId::Authority,
+    }
+}
+
+fn summary(cmd: &AuthorityCommand) -> CommandSummary {
+    match cmd {
+        AuthorityCommand::Register {
+            key,
+            instance,
+            on_node,
+            lease_ms,
+            endpoint,
+            ..
+        } => CommandSummary::Register {
+            key: key.clone(),
+            instance: instance.clone(),
+            on_node: on_node.clone(),
+            address: endpoint.address,
+            lease_ms: *lease_ms,
+        },
+        AuthorityCommand::Transition {
+            key,
+            instance,
+            generation,
+            to,
+            reason,
+            ..
+        } => CommandSummary::Transition {
+            key: key.clone(),
+            instance: instance.clone(),
+            generation: *generation,
+            to: *to,
+            reason: *reason,
+        },
+        AuthorityCommand::NodeDown { node, at_ms } => CommandSummary::NodeDown {
+            node: node.clone(),
+            at_ms: *at_ms,
+        },
+        AuthorityCommand::NodeUp { node } => CommandSummary::NodeUp { node: node.clone() },
+        AuthorityCommand::ExpireLeases { now_ms } => {
+            CommandSummary::ExpireLeases { now_ms: *now_ms }
+        }
+        AuthorityCommand::LeaderTakeover { now_ms } => {
+            CommandSummary::LeaderTakeover { now_ms: *now_ms }
+        }
+        AuthorityCommand::PutPolicy { key, .. } => CommandSummary::PutPolicy { key: key.clone() },
+    }
+}
