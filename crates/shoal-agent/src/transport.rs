@@ -1,0 +1,1125 @@
+//! QUIC transport between the agents of one region: quinn + rustls with mutual TLS.
+//!
+//! # Shape
+//! One task owns the protocol core. It calls the non-blocking [`Transport::send_datagram`] and
+//! [`Transport::send_stream_message`] and reads [`Inbound`] messages from the bounded receiver
+//! that [`Transport::bind`] returns. Everything else (dialling, the connection cache, reading
+//! streams) runs in tasks spawned by the transport.
+//!
+//! # Trust
+//! Both sides present a node certificate from the region CA (see [`crate::certs`]). The server
+//! verifies the client with rustls' `WebPkiClientVerifier` rooted at the CA; the client verifies
+//! the server against the same root under the fixed server name `shoal.<region>`. After the
+//! handshake both sides parse the peer's identity out of its (verified) certificate and refuse
+//! the connection if the region differs from ours. Inbound handshakes that fail for any reason
+//! (other CA, expired, wrong region, garbage) are counted in
+//! [`TransportCounters::handshakes_refused`]; nothing from such a peer is ever delivered.
+//!
+//! # Addressing
+//! Membership knows peers by their **listen** address, but a dialler's packets come from its
+//! endpoint's address, and the receiver cannot tell that address is the one the dialler listens
+//! on (certificates carry IPs but no ports). So the dialler opens a uni-directional *hello*
+//! stream first on every connection it initiates, carrying its advertised listen address
+//! ([`TransportConfig::advertise`], default: the bound address). The acceptor reads the hello
+//! before anything else on that connection and files the connection in its cache under that
+//! address, so a connection dialled by either side carries traffic both ways: a datagram reply
+//! needs no second connection. The hello address is the peer's *claim*; its identity (node id,
+//! region) comes from the certificate and is delivered next to it in [`Inbound::peer`].
+//!
+//! # Framing
+//! Datagrams are QUIC DATAGRAM frames, one message each, checked against
+//! [`TransportConfig::max_datagram_bytes`] and quinn's current `max_datagram_size()` before they
+//! are sent. Stream messages use **one uni-directional stream per message**; the message ends at
+//! the stream's FIN, so there is no length prefix. QUIC streams are cheap to open (no round
+//! trip), a lost or reset message cannot desynchronise a long-lived framing, and the receiver
+//! enforces [`TransportConfig::max_stream_message_bytes`] per stream: an oversize message is
+//! counted, its stream is stopped (`STOP_SENDING`, code [`STREAM_TOO_LARGE`]), and the
+//! connection stays up.
+//!
+//! # Bounds (invariant 8)
+//! - Connection cache: at most [`TransportConfig::max_connections`] peers; the least recently
+//!   used peer is evicted (its connections closed, counted) to make room. A peer has one
+//!   connection used for sending, plus at most one extra inbound connection kept for receiving
+//!   when both sides dialled each other at once.
+//! - Per peer and per channel, a queue of [`TransportConfig::peer_queue_len`] messages;
+//!   overflow is counted and dropped.
+//! - Inbound: a channel of [`TransportConfig::inbound_queue_len`] messages. A full channel drops
+//!   datagrams (counted) and back-pressures streams (QUIC flow control then slows the sender).
+//! - Handshakes in progress: at most `max_connections`; more are refused (counted).
+//! - QUIC: at most [`MAX_UNI_STREAMS`] concurrent inbound streams per connection, no bidi
+//!   streams, a per-connection receive window of [`RECEIVE_WINDOW_BYTES`].
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use quinn::{Connection, Endpoint, VarInt};
+use rustls::pki_types::CertificateDer;
+use rustls::server::WebPkiClientVerifier;
+use rustls::RootCertStore;
+use shoal_proto::Region;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::certs::{self, CertError, NodeIdentity};
+
+/// ALPN protocol id of the agent mesh.
+pub const ALPN: &[u8] = b"shoal-mesh/1";
+/// Maximum concurrent inbound uni-directional streams per connection.
+pub const MAX_UNI_STREAMS: u32 = 64;
+/// Per-connection QUIC receive window (bytes buffered across all streams of a connection).
+pub const RECEIVE_WINDOW_BYTES: u32 = 8 << 20;
+/// Application error code on a stream stopped because its message exceeded the limit.
+pub const STREAM_TOO_LARGE: u32 = 1;
+/// Connection close code: transport shutting down.
+pub const CLOSE_SHUTDOWN: u32 = 0;
+/// Connection close code: peer refused (identity or hello invalid).
+pub const CLOSE_REFUSED: u32 = 1;
+/// Connection close code: evicted from the connection cache.
+pub const CLOSE_EVICTED: u32 = 2;
+/// Connection close code: superseded by another connection to the same peer.
+pub const CLOSE_SUPERSEDED: u32 = 3;
+/// After a failed dial, messages to that peer are dropped (counted) for this long instead of
+/// each one waiting for its own failing handshake.
+pub const DIAL_BACKOFF: Duration = Duration::from_millis(500);
+
+const HELLO_MAGIC: [u8; 2] = *b"SH";
+const HELLO_VERSION: u8 = 1;
+const HELLO_MAX_BYTES: usize = 32;
+
+/// Configuration of a [`Transport`].
+#[derive(Clone)]
+pub struct TransportConfig {
+    /// UDP address to bind. Port 0 picks an ephemeral port (tests).
+    pub listen: SocketAddr,
+    /// The listen address announced to peers in the hello. `None`: the bound address, which
+    /// must then not be unspecified (`0.0.0.0` / `::`).
+    pub advertise: Option<SocketAddr>,
+    /// PEM of the region CA: the only root trusted for peers.
+    pub ca_pem: String,
+    /// PEM of this node's certificate (leaf first, then any intermediates).
+    pub cert_pem: String,
+    /// PEM of this node's private key.
+    pub key_pem: String,
+    /// This node's region; its certificate must be for it, and so must every peer's.
+    pub region: Region,
+    /// Maximum number of peers in the connection cache (LRU eviction past it).
+    pub max_connections: usize,
+    /// Largest stream message accepted, in bytes; larger ones are dropped and counted.
+    pub max_stream_message_bytes: usize,
+    /// Largest datagram sent or accepted, in bytes (default 1200, which fits one QUIC packet on
+    /// most paths once the path MTU is known; quinn's own current limit is also checked).
+    pub max_datagram_bytes: usize,
+    /// The UDP payload size QUIC assumes before path MTU discovery has probed (bytes, at least
+    /// 1200). quinn's default of 1200 leaves room for only ~1160-byte datagrams on a fresh
+    /// connection, less than `max_datagram_bytes`' default; 1280 (the IPv6 minimum MTU, below
+    /// every datacenter and overlay MTU) lets a 1200-byte datagram through from the first
+    /// packet. Lower it to 1200 only on paths with a smaller MTU than 1280.
+    pub initial_mtu: u16,
+    /// A connection without traffic for this long is closed (also bounds the handshake).
+    pub idle_timeout_ms: u64,
+    /// Keep-alive ping interval for cached connections; 0 disables keep-alives.
+    pub keep_alive_ms: u64,
+    /// Per-peer, per-channel send queue length in messages.
+    pub peer_queue_len: usize,
+    /// Length of the inbound channel in messages.
+    pub inbound_queue_len: usize,
+}
+
+impl std::fmt::Debug for TransportConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransportConfig")
+            .field("listen", &self.listen)
+            .field("advertise", &self.advertise)
+            .field("region", &self.region)
+            .field("max_connections", &self.max_connections)
+            .field("max_stream_message_bytes", &self.max_stream_message_bytes)
+            .field("max_datagram_bytes", &self.max_datagram_bytes)
+            .field("initial_mtu", &self.initial_mtu)
+            .field("idle_timeout_ms", &self.idle_timeout_ms)
+            .field("keep_alive_ms", &self.keep_alive_ms)
+            .field("peer_queue_len", &self.peer_queue_len)
+            .field("inbound_queue_len", &self.inbound_queue_len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TransportConfig {
+    /// A configuration with default limits: 512 connections, 1 MiB stream messages, 1200-byte
+    /// datagrams, 1280-byte initial MTU, 30 s idle timeout, 10 s keep-alive, 256-message queues, 4096 inbound.
+    pub fn new(
+        listen: SocketAddr,
+        region: Region,
+        ca_pem: impl Into<String>,
+        cert_pem: impl Into<String>,
+        key_pem: impl Into<String>,
+    ) -> Self {
+        Self {
+            listen,
+            advertise: None,
+            ca_pem: ca_pem.into(),
+            cert_pem: cert_pem.into(),
+            key_pem: key_pem.into(),
+            region,
+            max_connections: 512,
+            max_stream_message_bytes: 1 << 20,
+            max_datagram_bytes: 1200,
+            initial_mtu: 1280,
+            idle_timeout_ms: 30_000,
+            keep_alive_ms: 10_000,
+            peer_queue_len: 256,
+            inbound_queue_len: 4096,
+        }
+    }
+}
+
+/// Why [`Transport::bind`] failed. Nothing is bound on error.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// The CA, certificate or key is missing, malformed, of another CA or region, or expired.
+    #[error("certificate: {0}")]
+    Cert(#[from] CertError),
+    /// rustls refused the configuration (e.g. the key does not match the certificate).
+    #[error("TLS configuration: {0}")]
+    Tls(#[from] rustls::Error),
+    /// A limit or address in the configuration is unusable.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// Binding the UDP socket failed.
+    #[error("bind {addr}: {source}")]
+    Bind {
+        /// The address that could not be bound.
+        addr: SocketAddr,
+        /// The IO error.
+        source: std::io::Error,
+    },
+}
+
+/// Why a send was not enqueued. Every case is also counted in [`TransportCounters`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// The message is larger than the configured limit (`oversize_dropped`).
+    #[error("message of {len} bytes exceeds the limit of {max}")]
+    Oversize {
+        /// Message length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The peer's queue is full (`queue_overflow`).
+    #[error("send queue full")]
+    QueueFull,
+    /// The transport is shutting down.
+    #[error("transport is shut down")]
+    ShutDown,
+}
+
+/// Which channel a message came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Channel {
+    /// A QUIC datagram: unreliable, unordered, at most `max_datagram_bytes`.
+    Datagram,
+    /// A uni-directional QUIC stream: reliable, one message per stream.
+    Stream,
+}
+
+/// A message received from a verified peer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inbound {
+    /// The peer's listen address: the address we dialled, or the one it announced in its hello.
+    pub from: SocketAddr,
+    /// The peer's identity, from its verified certificate.
+    pub peer: NodeIdentity,
+    /// Datagram or stream.
+    pub channel: Channel,
+    /// The message.
+    pub bytes: Vec<u8>,
+}
+
+/// A snapshot of the transport's counters (monotonic except `connections_open`, a gauge).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TransportCounters {
+    /// Inbound handshakes that failed (bad or missing cert, other CA, expired, wrong region,
+    /// no or bad hello) plus dialled peers whose verified identity was of another region, plus
+    /// inbound connection attempts refused because too many handshakes were in progress.
+    pub handshakes_refused: u64,
+    /// Outbound dials that failed (unreachable, timeout, server cert refused).
+    pub connects_failed: u64,
+    /// Datagrams received and delivered (or dropped on a full inbound channel).
+    pub datagrams_in: u64,
+    /// Datagrams handed to quinn.
+    pub datagrams_out: u64,
+    /// Payload bytes received (datagrams + stream messages).
+    pub bytes_in: u64,
+    /// Payload bytes sent (datagrams + stream messages).
+    pub bytes_out: u64,
+    /// Stream messages received completely.
+    pub stream_msgs_in: u64,
+    /// Stream messages written completely.
+    pub stream_msgs_out: u64,
+    /// Messages dropped for size, on send or on receive.
+    pub oversize_dropped: u64,
+    /// Messages dropped because a peer's send queue was full.
+    pub queue_overflow: u64,
+    /// Datagrams dropped because the inbound channel was full.
+    pub inbound_dropped: u64,
+    /// Connections currently open (gauge).
+    pub connections_open: u64,
+    /// Peers evicted from the connection cache.
+    pub connections_evicted: u64,
+    /// Messages that could not be sent (no connection, stream or datagram error).
+    pub send_errors: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    handshakes_refused: AtomicU64,
+    connects_failed: AtomicU64,
+    datagrams_in: AtomicU64,
+    datagrams_out: AtomicU64,
+    bytes_in: AtomicU64,
+    bytes_out: AtomicU64,
+    stream_msgs_in: AtomicU64,
+    stream_msgs_out: AtomicU64,
+    oversize_dropped: AtomicU64,
+    queue_overflow: AtomicU64,
+    inbound_dropped: AtomicU64,
+    connections_open: AtomicU64,
+    connections_evicted: AtomicU64,
+    send_errors: AtomicU64,
+}
+
+fn inc(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+fn add(c: &AtomicU64, n: usize) {
+    c.fetch_add(n as u64, Ordering::Relaxed);
+}
+
+impl Counters {
+    fn snapshot(&self) -> TransportCounters {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        TransportCounters {
+            handshakes_refused: g(&self.handshakes_refused),
+            connects_failed: g(&self.connects_failed),
+            datagrams_in: g(&self.datagrams_in),
+            datagrams_out: g(&self.datagrams_out),
+            bytes_in: g(&self.bytes_in),
+            bytes_out: g(&self.bytes_out),
+            stream_msgs_in: g(&self.stream_msgs_in),
+            stream_msgs_out: g(&self.stream_msgs_out),
+            oversize_dropped: g(&self.oversize_dropped),
+            queue_overflow: g(&self.queue_overflow),
+            inbound_dropped: g(&self.inbound_dropped),
+            connections_open: g(&self.connections_open),
+            connections_evicted: g(&self.connections_evicted),
+            send_errors: g(&self.send_errors),
+        }
+    }
+}
+
+/// The agent's QUIC endpoint: dials and accepts mutually authenticated connections to the
+/// region's other agents. See the [module docs](self) for framing, addressing and bounds.
+///
+/// Must be created and used inside a tokio runtime. Dropping it closes the endpoint abruptly;
+/// prefer [`Transport::shutdown`].
+pub struct Transport {
+    shared: Arc<Shared>,
+    accept_task: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transport")
+            .field("listen", &self.shared.listen)
+            .field("identity", &self.shared.identity)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Limits {
+    max_connections: usize,
+    max_stream_message_bytes: usize,
+    max_datagram_bytes: usize,
+    peer_queue_len: usize,
+    hello_timeout: Duration,
+}
+
+struct Shared {
+    endpoint: Endpoint,
+    listen: SocketAddr,
+    identity: NodeIdentity,
+    server_name: String,
+    limits: Limits,
+    counters: Counters,
+    cache: Mutex<Cache>,
+    /// Taken on shutdown so the receiver sees the end once in-flight deliveries finish.
+    inbound: Mutex<Option<mpsc::Sender<Inbound>>>,
+    closing: AtomicBool,
+    closed_tx: watch::Sender<bool>,
+    handshakes_pending: AtomicU64,
+}
+
+#[derive(Default)]
+struct Cache {
+    peers: HashMap<SocketAddr, PeerEntry>,
+    tick: u64,
+}
+
+struct PeerEntry {
+    link: Arc<PeerLink>,
+    datagrams: mpsc::Sender<Bytes>,
+    streams: mpsc::Sender<Bytes>,
+    tasks: [JoinHandle<()>; 2],
+    last_used: u64,
+}
+
+/// The connections to one peer, shared by its two sender tasks and the accept path.
+struct PeerLink {
+    addr: SocketAddr,
+    /// The connection used for sending.
+    slot: Mutex<Option<Connection>>,
+    /// At most one extra, receive-only connection (both sides dialled at once).
+    extra: Mutex<Option<Connection>>,
+    /// Serialises dials so two sender tasks never dial the same peer twice.
+    dial_lock: tokio::sync::Mutex<()>,
+    last_dial_failure: Mutex<Option<Instant>>,
+}
+
+fn live(c: &Option<Connection>) -> Option<Connection> {
+    c.as_ref().filter(|c| c.close_reason().is_none()).cloned()
+}
+
+impl PeerLink {
+    fn current(&self) -> Option<Connection> {
+        live(&self.slot.lock().expect("slot lock"))
+    }
+
+    /// Files a newly established connection: it becomes the sending connection unless a live
+    /// one exists, in which case it is kept (receive-only) as the extra, closing an older extra.
+    fn install(&self, conn: Connection) {
+        let mut slot = self.slot.lock().expect("slot lock");
+        if live(&slot).is_none() {
+            *slot = Some(conn);
+            return;
+        }
+        drop(slot);
+        let old = self.extra.lock().expect("extra lock").replace(conn);
+        if let Some(old) = old {
+            old.close(VarInt::from_u32(CLOSE_SUPERSEDED), b"superseded");
+        }
+    }
+
+    fn close_all(&self, code: u32, reason: &[u8]) {
+        for c in [
+            self.slot.lock().expect("slot lock").take(),
+            self.extra.lock().expect("extra lock").take(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            c.close(VarInt::from_u32(code), reason);
+        }
+    }
+
+    /// The sending connection, dialling if there is none.
+    async fn connection(&self, shared: &Arc<Shared>) -> Option<Connection> {
+        if let Some(c) = self.current() {
+            return Some(c);
+        }
+        let _dialling = self.dial_lock.lock().await;
+        if let Some(c) = self.current() {
+            return Some(c);
+        }
+        let failed = *self.last_dial_failure.lock().expect("failure lock");
+        if failed.is_some_and(|t| t.elapsed() < DIAL_BACKOFF) {
+            return None;
+        }
+        match shared.dial(self.addr).await {
+            Ok((conn, peer)) => {
+                self.install(conn.clone());
+                shared.spawn_driver(conn.clone(), self.addr, peer);
+                Some(self.current().unwrap_or(conn))
+            }
+            Err(e) => {
+                tracing::debug!(peer = %self.addr, error = %e, "dial failed");
+                inc(&shared.counters.connects_failed);
+                *self.last_dial_failure.lock().expect("failure lock") = Some(Instant::now());
+                None
+            }
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum DialError {
+    #[error("connect: {0}")]
+    Connect(#[from] quinn::ConnectError),
+    #[error("handshake: {0}")]
+    Handshake(#[from] quinn::ConnectionError),
+    #[error("peer identity: {0}")]
+    Identity(#[from] CertError),
+    #[error("hello: {0}")]
+    Hello(#[from] quinn::WriteError),
+    #[error("hello: stream closed")]
+    HelloClosed(#[from] quinn::ClosedStream),
+}
+
+impl Transport {
+    /// Binds the endpoint and starts accepting connections.
+    ///
+    /// Returns the transport and the receiver of every message from verified peers. The
+    /// receiver yields `None` after [`Transport::shutdown`] once in-flight deliveries end.
+    ///
+    /// # Errors
+    /// [`TransportError::Cert`] if our certificate is not from `ca_pem`, not for `region`,
+    /// expired, or any PEM is malformed; [`TransportError::Tls`] if rustls refuses the key;
+    /// [`TransportError::Config`] for a zero limit or an unspecified advertise address;
+    /// [`TransportError::Bind`] if the socket cannot be bound.
+    ///
+    /// # Panics
+    /// If called outside a tokio runtime.
+    pub fn bind(
+        config: TransportConfig,
+    ) -> Result<(Self, mpsc::Receiver<Inbound>), TransportError> {
+        check_limits(&config)?;
+        let identity = certs::verify_node_cert(&config.ca_pem, &config.cert_pem, &config.region)?;
+        let (server, client) = tls_configs(&config)?;
+        let mut endpoint =
+            Endpoint::server(server, config.listen).map_err(|source| TransportError::Bind {
+                addr: config.listen,
+                source,
+            })?;
+        endpoint.set_default_client_config(client);
+        let bound = endpoint
+            .local_addr()
+            .map_err(|source| TransportError::Bind {
+                addr: config.listen,
+                source,
+            })?;
+        let listen = config.advertise.unwrap_or(bound);
+        if listen.ip().is_unspecified() || listen.port() == 0 {
+            return Err(TransportError::Config(format!(
+                "advertise address {listen} is not routable; set `advertise`"
+            )));
+        }
+        let (inbound_tx, inbound_rx) = mpsc::channel(config.inbound_queue_len);
+        let shared = Arc::new(Shared {
+            endpoint,
+            listen,
+            identity,
+            server_name: certs::server_name(&config.region),
+            limits: Limits {
+                max_connections: config.max_connections,
+                max_stream_message_bytes: config.max_stream_message_bytes,
+                max_datagram_bytes: config.max_datagram_bytes,
+                peer_queue_len: config.peer_queue_len,
+                hello_timeout: Duration::from_millis(config.idle_timeout_ms),
+            },
+            counters: Counters::default(),
+            cache: Mutex::new(Cache::default()),
+            inbound: Mutex::new(Some(inbound_tx)),
+            closing: AtomicBool::new(false),
+            closed_tx: watch::channel(false).0,
+            handshakes_pending: AtomicU64::new(0),
+        });
+        let accept_task = tokio::spawn(accept_loop(shared.clone()));
+        tracing::info!(%listen, identity = %shared.identity, "transport bound");
+        Ok((
+            Self {
+                shared,
+                accept_task,
+            },
+            inbound_rx,
+        ))
+    }
+
+    /// The listen address announced to peers (what membership should gossip).
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.shared.listen
+    }
+
+    /// This node's identity, from its own certificate.
+    pub fn identity(&self) -> &NodeIdentity {
+        &self.shared.identity
+    }
+
+    /// A snapshot of the counters.
+    pub fn counters(&self) -> TransportCounters {
+        self.shared.counters.snapshot()
+    }
+
+    /// Number of peers in the connection cache (at most `max_connections`).
+    pub fn cached_peers(&self) -> usize {
+        self.shared.cache.lock().expect("cache lock").peers.len()
+    }
+
+    /// Enqueues one datagram to the peer listening at `to`, dialling on demand. Never blocks.
+    ///
+    /// Delivery is best-effort, as for UDP: a datagram that quinn's current path limit cannot
+    /// carry, or that finds no connection, is dropped and counted after it was enqueued.
+    ///
+    /// # Errors
+    /// [`SendError::Oversize`] above `max_datagram_bytes`, [`SendError::QueueFull`],
+    /// [`SendError::ShutDown`]. Each is counted; nothing is enqueued.
+    pub fn send_datagram(&self, to: SocketAddr, bytes: impl Into<Bytes>) -> Result<(), SendError> {
+        self.enqueue(to, bytes.into(), Channel::Datagram)
+    }
+
+    /// Enqueues one stream message to the peer listening at `to`, dialling on demand. Never
+    /// blocks. The message travels on its own uni-directional stream.
+    ///
+    /// # Errors
+    /// [`SendError::Oversize`] above `max_stream_message_bytes`, [`SendError::QueueFull`],
+    /// [`SendError::ShutDown`]. Each is counted; nothing is enqueued.
+    pub fn send_stream_message(
+        &self,
+        to: SocketAddr,
+        bytes: impl Into<Bytes>,
+    ) -> Result<(), SendError> {
+        self.enqueue(to, bytes.into(), Channel::Stream)
+    }
+
+    fn enqueue(&self, to: SocketAddr, bytes: Bytes, channel: Channel) -> Result<(), SendError> {
+        let shared = &self.shared;
+        if shared.closing.load(Ordering::Acquire) {
+            return Err(SendError::ShutDown);
+        }
+        let max = match channel {
+            Channel::Datagram => shared.limits.max_datagram_bytes,
+            Channel::Stream => shared.limits.max_stream_message_bytes,
+        };
+        if bytes.len() > max {
+            inc(&shared.counters.oversize_dropped);
+            return Err(SendError::Oversize {
+                len: bytes.len(),
+                max,
+            });
+        }
+        let queue = shared.queue(to, channel);
+        queue.try_send(bytes).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => {
+                inc(&shared.counters.queue_overflow);
+                SendError::QueueFull
+            }
+            mpsc::error::TrySendError::Closed(_) => SendError::ShutDown,
+        })
+    }
+
+    /// Closes every connection and the endpoint, and waits (at most one second) for the close
+    /// to reach peers. Idempotent. Sends fail with [`SendError::ShutDown`] afterwards.
+    pub async fn shutdown(&self) {
+        self.shared.close_now();
+        self.accept_task.abort();
+        let idle = self.shared.endpoint.wait_idle();
+        if tokio::time::timeout(Duration::from_secs(1), idle)
+            .await
+            .is_err()
+        {
+            tracing::debug!("transport shutdown: endpoint not idle after 1 s");
+        }
+    }
+}
+
+impl Drop for Transport {
+    fn drop(&mut self) {
+        self.shared.close_now();
+        self.accept_task.abort();
+    }
+}
+
+fn check_limits(c: &TransportConfig) -> Result<(), TransportError> {
+    let zero = [
+        ("max_connections", c.max_connections),
+        ("max_stream_message_bytes", c.max_stream_message_bytes),
+        ("max_datagram_bytes", c.max_datagram_bytes),
+        ("peer_queue_len", c.peer_queue_len),
+        ("inbound_queue_len", c.inbound_queue_len),
+        ("idle_timeout_ms", c.idle_timeout_ms as usize),
+    ];
+    if let Some((name, _)) = zero.iter().find(|(_, v)| *v == 0) {
+        return Err(TransportError::Config(format!("{name} must be > 0")));
+    }
+    if c.keep_alive_ms >= c.idle_timeout_ms {
+        return Err(TransportError::Config(format!(
+            "keep_alive_ms ({}) must be below idle_timeout_ms ({})",
+            c.keep_alive_ms, c.idle_timeout_ms
+        )));
+    }
+    Ok(())
+}
+
+fn tls_configs(
+    config: &TransportConfig,
+) -> Result<(quinn::ServerConfig, quinn::ClientConfig), TransportError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = RootCertStore::empty();
+    for ca in certs::parse_certs(&config.ca_pem, "CA certificate")? {
+        roots.add(ca)?;
+    }
+    let roots = Arc::new(roots);
+    let chain = certs::parse_certs(&config.cert_pem, "node certificate")?;
+    let key = certs::parse_key(&config.key_pem, "node key")?;
+
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
+        .build()
+        .map_err(|e| TransportError::Config(format!("client verifier: {e}")))?;
+    let mut server = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain.clone(), key.clone_key())?;
+    server.alpn_protocols = vec![ALPN.to_vec()];
+    let mut client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)?;
+    client.alpn_protocols = vec![ALPN.to_vec()];
+
+    let transport = Arc::new(transport_config(config)?);
+    let server_crypto = QuicServerConfig::try_from(server)
+        .map_err(|e| TransportError::Config(format!("QUIC server TLS: {e}")))?;
+    let mut server = quinn::ServerConfig::with_crypto(Arc::new(server_crypto));
+    server.transport_config(transport.clone());
+    let client_crypto = QuicClientConfig::try_from(client)
+        .map_err(|e| TransportError::Config(format!("QUIC client TLS: {e}")))?;
+    let mut client = quinn::ClientConfig::new(Arc::new(client_crypto));
+    client.transport_config(transport);
+    Ok((server, client))
+}
+
+fn transport_config(config: &TransportConfig) -> Result<quinn::TransportConfig, TransportError> {
+    let mut t = quinn::TransportConfig::default();
+    let idle = quinn::IdleTimeout::try_from(Duration::from_millis(config.idle_timeout_ms))
+        .map_err(|_| TransportError::Config("idle_timeout_ms too large".into()))?;
+    t.max_idle_timeout(Some(idle));
+    t.keep_alive_interval(
+        (config.keep_alive_ms > 0).then(|| Duration::from_millis(config.keep_alive_ms)),
+    );
+    if config.initial_mtu < 1200 {
+        return Err(TransportError::Config("initial_mtu must be >= 1200".into()));
+    }
+    t.initial_mtu(config.initial_mtu);
+    t.max_concurrent_bidi_streams(VarInt::from_u32(0));
+    t.max_concurrent_uni_streams(VarInt::from_u32(MAX_UNI_STREAMS));
+    t.receive_window(VarInt::from_u32(RECEIVE_WINDOW_BYTES));
+    // Room for a burst of SWIM datagrams; quinn also advertises this as the largest datagram
+    // frame it accepts, so it must be at least one max-size datagram.
+    t.datagram_receive_buffer_size(Some((config.max_datagram_bytes * 64).max(64 << 10)));
+    Ok(t)
+}
+
+impl Shared {
+    /// Marks the transport closed, drops the inbound sender, aborts peer tasks, closes the
+    /// endpoint. Safe to call more than once.
+    fn close_now(&self) {
+        self.closing.store(true, Ordering::Release);
+        self.closed_tx.send_replace(true);
+        self.inbound.lock().expect("inbound lock").take();
+        let peers = std::mem::take(&mut self.cache.lock().expect("cache lock").peers);
+        for (_, entry) in peers {
+            entry.tasks.iter().for_each(JoinHandle::abort);
+            entry.link.close_all(CLOSE_SHUTDOWN, b"shutdown");
+        }
+        self.endpoint
+            .close(VarInt::from_u32(CLOSE_SHUTDOWN), b"shutdown");
+    }
+
+    /// The send queue of `channel` for `to`, creating the peer (and evicting the least recently
+    /// used one when full) if needed. Marks the peer as used.
+    fn queue(self: &Arc<Self>, to: SocketAddr, channel: Channel) -> mpsc::Sender<Bytes> {
+        let mut cache = self.cache.lock().expect("cache lock");
+        let entry = self.entry(&mut cache, to);
+        match channel {
+            Channel::Datagram => entry.datagrams.clone(),
+            Channel::Stream => entry.streams.clone(),
+        }
+    }
+
+    fn link(self: &Arc<Self>, to: SocketAddr) -> Arc<PeerLink> {
+        let mut cache = self.cache.lock().expect("cache lock");
+        self.entry(&mut cache, to).link.clone()
+    }
+
+    fn entry<'c>(self: &Arc<Self>, cache: &'c mut Cache, to: SocketAddr) -> &'c mut PeerEntry {
+        cache.tick += 1;
+        let tick = cache.tick;
+        if !cache.peers.contains_key(&to) {
+            if cache.peers.len() >= self.limits.max_connections {
+                self.evict_lru(cache);
+            }
+            cache.peers.insert(to, self.new_entry(to));
+        }
+        debug_assert!(cache.peers.len() <= self.limits.max_connections);
+        let entry = cache.peers.get_mut(&to).expect("just inserted");
+        entry.last_used = tick;
+        entry
+    }
+
+    /// O(n) scan for the least recently used peer: n is at most `max_connections` and this
+    /// runs only when a new peer is added to a full cache.
+    fn evict_lru(&self, cache: &mut Cache) {
+        let Some(victim) = cache
+            .peers
+            .iter()
+            .min_by_key(|(_, e)| e.last_used)
+            .map(|(addr, _)| *addr)
+        else {
+            return;
+        };
+        let entry = cache.peers.remove(&victim).expect("victim exists");
+        entry.tasks.iter().for_each(JoinHandle::abort);
+        entry.link.close_all(CLOSE_EVICTED, b"evicted");
+        inc(&self.counters.connections_evicted);
+        tracing::debug!(peer = %victim, "evicted from connection cache");
+    }
+
+    fn new_entry(self: &Arc<Self>, addr: SocketAddr) -> PeerEntry {
+        let link = Arc::new(PeerLink {
+            addr,
+            slot: Mutex::new(None),
+            extra: Mutex::new(None),
+            dial_lock: tokio::sync::Mutex::new(()),
+            last_dial_failure: Mutex::new(None),
+        });
+        let (dtx, drx) = mpsc::channel(self.limits.peer_queue_len);
+        let (stx, srx) = mpsc::channel(self.limits.peer_queue_len);
+        let tasks = [
+            tokio::spawn(datagram_sender(self.clone(), link.clone(), drx)),
+            tokio::spawn(stream_sender(self.clone(), link.clone(), srx)),
+        ];
+        PeerEntry {
+            link,
+            datagrams: dtx,
+            streams: stx,
+            tasks,
+            last_used: 0,
+        }
+    }
+
+    /// Dials `addr`, checks the server's identity, and sends our hello.
+    async fn dial(&self, addr: SocketAddr) -> Result<(Connection, NodeIdentity), DialError> {
+        let conn = self.endpoint.connect(addr, &self.server_name)?.await?;
+        let peer = match self.check_peer(&conn) {
+            Ok(peer) => peer,
+            Err(e) => {
+                inc(&self.counters.handshakes_refused);
+                conn.close(VarInt::from_u32(CLOSE_REFUSED), b"identity refused");
+                return Err(e.into());
+            }
+        };
+        let mut hello = conn.open_uni().await?;
+        hello.write_all(&encode_hello(self.listen)).await?;
+        hello.finish()?;
+        Ok((conn, peer))
+    }
+
+    /// The verified peer's identity, refused unless it is of our region.
+    fn check_peer(&self, conn: &Connection) -> Result<NodeIdentity, CertError> {
+        let certs = conn
+            .peer_identity()
+            .and_then(|any| any.downcast::<Vec<CertificateDer<'static>>>().ok())
+            .ok_or_else(|| CertError::NoIdentity("peer presented no certificate".into()))?;
+        let leaf = certs
+            .first()
+            .ok_or_else(|| CertError::NoIdentity("empty certificate chain".into()))?;
+        let peer = NodeIdentity::from_cert(leaf)?;
+        if peer.region != self.identity.region {
+            return Err(CertError::WrongRegion {
+                expected: self.identity.region.clone(),
+                found: Some(peer.region),
+            });
+        }
+        Ok(peer)
+    }
+
+    fn spawn_driver(self: &Arc<Self>, conn: Connection, from: SocketAddr, peer: NodeIdentity) {
+        let Some(tx) = self.inbound.lock().expect("inbound lock").clone() else {
+            conn.close(VarInt::from_u32(CLOSE_SHUTDOWN), b"shutdown");
+            return;
+        };
+        tokio::spawn(drive(self.clone(), conn, from, peer, tx));
+    }
+}
+
+async fn accept_loop(shared: Arc<Shared>) {
+    while let Some(incoming) = shared.endpoint.accept().await {
+        let pending = shared.handshakes_pending.load(Ordering::Acquire);
+        if pending >= shared.limits.max_connections as u64 {
+            inc(&shared.counters.handshakes_refused);
+            incoming.refuse();
+            continue;
+        }
+        shared.handshakes_pending.fetch_add(1, Ordering::AcqRel);
+        let s = shared.clone();
+        tokio::spawn(async move {
+            let remote = incoming.remote_address();
+            if let Err(reason) = accept_one(&s, incoming).await {
+                inc(&s.counters.handshakes_refused);
+                tracing::info!(%remote, %reason, "inbound connection refused");
+            }
+            s.handshakes_pending.fetch_sub(1, Ordering::AcqRel);
+        });
+    }
+}
+
+/// Completes one inbound handshake, checks identity, reads the hello, files the connection.
+async fn accept_one(shared: &Arc<Shared>, incoming: quinn::Incoming) -> Result<(), String> {
+    let conn = incoming.await.map_err(|e| format!("handshake: {e}"))?;
+    let refuse = |why: String| {
+        conn.close(VarInt::from_u32(CLOSE_REFUSED), b"refused");
+        why
+    };
+    let peer = shared
+        .check_peer(&conn)
+        .map_err(|e| refuse(format!("identity: {e}")))?;
+    let hello = tokio::time::timeout(shared.limits.hello_timeout, async {
+        let mut stream = conn.accept_uni().await.map_err(|e| e.to_string())?;
+        stream
+            .read_to_end(HELLO_MAX_BYTES)
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|_| "no hello in time".to_string())
+    .and_then(|r| r)
+    .map_err(|e| refuse(format!("hello: {e}")))?;
+    let from = decode_hello(&hello).ok_or_else(|| refuse("malformed hello".into()))?;
+    tracing::debug!(%from, %peer, "inbound connection");
+    shared.link(from).install(conn.clone());
+    shared.spawn_driver(conn, from, peer);
+    Ok(())
+}
+
+/// Reads datagrams and streams of one connection until it closes.
+async fn drive(
+    shared: Arc<Shared>,
+    conn: Connection,
+    from: SocketAddr,
+    peer: NodeIdentity,
+    tx: mpsc::Sender<Inbound>,
+) {
+    inc(&shared.counters.connections_open);
+    let mut closed = shared.closed_tx.subscribe();
+    let datagrams = async {
+        while let Ok(bytes) = conn.read_datagram().await {
+            receive_datagram(&shared, &tx, from, &peer, bytes);
+        }
+    };
+    let streams = async {
+        while let Ok(recv) = conn.accept_uni().await {
+            tokio::spawn(receive_stream(
+                shared.clone(),
+                tx.clone(),
+                from,
+                peer.clone(),
+                recv,
+            ));
+        }
+    };
+    tokio::select! {
+        () = datagrams => {}
+        () = streams => {}
+        _ = closed.wait_for(|c| *c) => {}
+    }
+    shared
+        .counters
+        .connections_open
+        .fetch_sub(1, Ordering::Relaxed);
+    tracing::debug!(%from, %peer, reason = ?conn.close_reason(), "connection ended");
+}
+
+fn receive_datagram(
+    shared: &Shared,
+    tx: &mpsc::Sender<Inbound>,
+    from: SocketAddr,
+    peer: &NodeIdentity,
+    bytes: Bytes,
+) {
+    let c = &shared.counters;
+    if bytes.len() > shared.limits.max_datagram_bytes {
+        inc(&c.oversize_dropped);
+        return;
+    }
+    inc(&c.datagrams_in);
+    add(&c.bytes_in, bytes.len());
+    let msg = Inbound {
+        from,
+        peer: peer.clone(),
+        channel: Channel::Datagram,
+        bytes: bytes.to_vec(),
+    };
+    if tx.try_send(msg).is_err() {
+        inc(&c.inbound_dropped);
+    }
+}
+
+async fn receive_stream(
+    shared: Arc<Shared>,
+    tx: mpsc::Sender<Inbound>,
+    from: SocketAddr,
+    peer: NodeIdentity,
+    mut recv: quinn::RecvStream,
+) {
+    let c = &shared.counters;
+    let bytes = match recv
+        .read_to_end(shared.limits.max_stream_message_bytes)
+        .await
+    {
+        Ok(bytes) => bytes,
+        Err(quinn::ReadToEndError::TooLong) => {
+            inc(&c.oversize_dropped);
+            let _ = recv.stop(VarInt::from_u32(STREAM_TOO_LARGE));
+            tracing::debug!(%from, %peer, "oversize stream message dropped");
+            return;
+        }
+        Err(e) => {
+            tracing::debug!(%from, %peer, error = %e, "stream message lost");
+            return;
+        }
+    };
+    inc(&c.stream_msgs_in);
+    add(&c.bytes_in, bytes.len());
+    let msg = Inbound {
+        from,
+        peer,
+        channel: Channel::Stream,
+        bytes,
+    };
+    let mut closed = shared.closed_tx.subscribe();
+    tokio::select! {
+        _ = tx.send(msg) => {}
+        _ = closed.wait_for(|c| *c) => {}
+    }
+}
+
+async fn datagram_sender(shared: Arc<Shared>, link: Arc<PeerLink>, mut rx: mpsc::Receiver<Bytes>) {
+    let c = &shared.counters;
+    while let Some(bytes) = rx.recv().await {
+        let Some(conn) = link.connection(&shared).await else {
+            inc(&c.send_errors);
+            continue;
+        };
+        let len = bytes.len();
+        match conn.max_datagram_size() {
+            None => {
+                inc(&c.send_errors);
+                continue;
+            }
+            Some(max) if len > max => {
+                inc(&c.oversize_dropped);
+                tracing::debug!(len, max, "datagram above the path limit dropped");
+                continue;
+            }
+            Some(_) => {}
+        }
+        match conn.send_datagram(bytes) {
+            Ok(()) => {
+                inc(&c.datagrams_out);
+                add(&c.bytes_out, len);
+            }
+            Err(quinn::SendDatagramError::TooLarge) => inc(&c.oversize_dropped),
+            Err(_) => inc(&c.send_errors),
+        }
+    }
+}
+
+async fn stream_sender(shared: Arc<Shared>, link: Arc<PeerLink>, mut rx: mpsc::Receiver<Bytes>) {
+    let c = &shared.counters;
+    while let Some(bytes) = rx.recv().await {
+        let Some(conn) = link.connection(&shared).await else {
+            inc(&c.send_errors);
+            continue;
+        };
+        let len = bytes.len();
+        let sent = async {
+            let mut send = conn.open_uni().await.map_err(|e| e.to_string())?;
+            send.write_all(&bytes).await.map_err(|e| e.to_string())?;
+            send.finish().map_err(|e| e.to_string())
+        };
+        match sent.await {
+            Ok(()) => {
+                inc(&c.stream_msgs_out);
+                add(&c.bytes_out, len);
+            }
+            Err(e) => {
+                inc(&c.send_errors);
+                tracing::debug!(peer = %link.addr, error = %e, "stream message not sent");
+            }
+        }
+    }
+}
+
+/// `"SH" version family ip port`: family 4 (4-byte ip) or 6 (16-byte ip), port big-endian.
+fn encode_hello(addr: SocketAddr) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HELLO_MAX_BYTES);
+    out.extend_from_slice(&HELLO_MAGIC);
+    out.push(HELLO_VERSION);
+    match addr.ip() {
+        IpAddr::V4(ip) => {
+            out.push(4);
+            out.extend_from_slice(&ip.octets());
+        }
+        IpAddr::V6(ip) => {
+            out.push(6);
+            out.extend_from_slice(&ip.octets());
+        }
+    }
+    out.extend_from_slice(&addr.port().to_be_bytes());
+    debug_assert!(out.len() <= HELLO_MAX_BYTES);
+    out
+}
+
+fn decode_hello(bytes: &[u8]) -> Option<SocketAddr> {
+    let rest = bytes.strip_prefix(&HELLO_MAGIC)?;
+    let (&version, rest) = rest.split_first()?;
+    if version != HELLO_VERSION {
+        return None;
+    }
+    let (&family, rest) = rest.split_first()?;
+    let (ip, rest): (IpAddr, &[u8]) = match family {
+        4 => {
+            let (ip, rest) = rest.split_first_chunk::<4>()?;
+            (Ipv4Addr::from(*ip).into(), rest)
+        }
+        6 => {
+            let (ip, rest) = rest.split_first_chunk::<16>()?;
+            (Ipv6Addr::from(*ip).into(), rest)
+        }
+        _ => return None,
+    };
+    let port = u16::from_be_bytes(*<&[u8; 2]>::try_from(rest).ok()?);
+    let addr = SocketAddr::new(ip, port);
+    (!ip.is_unspecified() && port != 0).then_some(addr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_round_trips_and_rejects_garbage() {
+        for a in ["127.0.0.1:7946", "[::1]:9000", "10.1.2.3:1"] {
+            let addr: SocketAddr = a.parse().unwrap();
+            assert_eq!(decode_hello(&encode_hello(addr)), Some(addr));
+        }
+        let good = encode_hello("127.0.0.1:7946".parse().unwrap());
+        assert_eq!(decode_hello(&good[..good.len() - 1]), None);
+        let mut long = good.clone();
+        long.push(0);
+        assert_eq!(decode_hello(&long), None);
+        assert_eq!(decode_hello(b"XX\x01\x04\x7f\x00\x00\x01\x1f\x0a"), None);
+        assert_eq!(
+            decode_hello(&encode_hello("0.0.0.0:1".parse().unwrap())),
+            None
+        );
+        assert_eq!(
+            decode_hello(&encode_hello("1.2.3.4:0".parse().unwrap())),
+            None
+        );
+    }
+}
