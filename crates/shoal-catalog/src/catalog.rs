@@ -817,9 +817,21 @@ impl Catalog {
         delta: &LifecycleDelta,
         verifier: &dyn Verifier,
     ) -> DeltaOutcome {
+        self.apply_lifecycle_delta_observed(delta, verifier, |_, _| {})
+    }
+
+    /// [`Catalog::apply_lifecycle_delta`], calling `observe` with each record's outcome.
+    pub fn apply_lifecycle_delta_observed(
+        &mut self,
+        delta: &LifecycleDelta,
+        verifier: &dyn Verifier,
+        mut observe: impl FnMut(&Arc<SignedLifecycle>, &MergeOutcome),
+    ) -> DeltaOutcome {
         let mut out = DeltaOutcome::default();
         for rec in &delta.records {
-            tally(&mut out, &self.apply_lifecycle(rec.clone(), verifier));
+            let o = self.apply_lifecycle(rec.clone(), verifier);
+            observe(rec, &o);
+            tally(&mut out, &o);
         }
         if out.rejected == 0 {
             let state = self.regions.entry(delta.region.clone()).or_default();
@@ -836,10 +848,21 @@ impl Catalog {
         delta: &HealthDelta,
         verifier: &dyn Verifier,
     ) -> DeltaOutcome {
+        self.apply_health_delta_observed(delta, verifier, |_, _| {})
+    }
+
+    /// [`Catalog::apply_health_delta`], calling `observe` with each record's outcome.
+    pub fn apply_health_delta_observed(
+        &mut self,
+        delta: &HealthDelta,
+        verifier: &dyn Verifier,
+        mut observe: impl FnMut(&Arc<SignedHealth>, &MergeOutcome),
+    ) -> DeltaOutcome {
         let mut out = DeltaOutcome::default();
         let mut unadmitted = false;
         for rec in &delta.records {
             let o = self.apply_health(rec.clone(), verifier);
+            observe(rec, &o);
             unadmitted |= o == MergeOutcome::Unadmitted;
             tally(&mut out, &o);
         }

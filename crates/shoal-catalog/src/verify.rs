@@ -1,6 +1,7 @@
 //! Who may sign what: the trusted authority keys per region and the node keys per node.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use shoal_proto::{
     NodeId, Region, SignatureError, SignedHealth, SignedLifecycle, TrustedKeys, VerifyingKey,
@@ -22,6 +23,18 @@ pub trait Verifier {
     /// # Errors
     /// [`SignatureError`]: unknown node key, a key of another node, or a bad signature.
     fn verify_health(&self, signed: &SignedHealth) -> Result<(), SignatureError>;
+
+    /// Returns a shared copy of a just-decoded record. The default returns it unchanged; a
+    /// simulator running thousands of agents in one process returns one shared `Arc` per
+    /// distinct record, so memory grows with records, not with records x agents.
+    fn intern_lifecycle(&self, record: Arc<SignedLifecycle>) -> Arc<SignedLifecycle> {
+        record
+    }
+
+    /// As [`Verifier::intern_lifecycle`], for health records.
+    fn intern_health(&self, record: Arc<SignedHealth>) -> Arc<SignedHealth> {
+        record
+    }
 }
 
 /// Trusted keys: authority keys per region (two during a rotation overlap) and node keys.

@@ -602,6 +602,25 @@ impl Membership {
         self.drain(now_ms);
     }
 
+    /// Seeds the member list directly with `members` as alive (no announce round trips), as if
+    /// they had all been learned by gossip. For the simulator's initial state and for an agent
+    /// restoring the last live members it persisted; the members still have to answer probes.
+    /// Costs O(n^2) in foca (it keeps members in a list), once.
+    pub fn bootstrap(&mut self, now_ms: u64, members: Vec<MemberId>) {
+        if self.defunct {
+            return;
+        }
+        let updates: Vec<Member<MemberId>> = members
+            .into_iter()
+            .filter(|m| m.addr != self.identity.addr)
+            .map(Member::alive)
+            .collect();
+        let _ = self
+            .foca
+            .apply_many(updates.into_iter(), false, &mut self.runtime);
+        self.drain(now_ms);
+    }
+
     /// Leaves gracefully: tells a few members we are down and becomes defunct. Afterwards every
     /// input is still accepted but this member takes no part; restart with `boot + 1` to rejoin.
     pub fn leave(&mut self, now_ms: u64) {

@@ -34,6 +34,6 @@ pub use record::{
     LifecycleState, TransitionReason, TransitionSource,
 };
 pub use sign::{
-    KeyId, SignatureBytes, SignatureError, SignedHealth, SignedLifecycle, SignedPolicy, SigningKey, TrustedKeys,
-    VerifyingKey,
+    KeyId, SignatureBytes, SignatureError, SignedHealth, SignedLifecycle, SignedPolicy, SigningKey,
+    TrustedKeys, VerifyingKey,
 };

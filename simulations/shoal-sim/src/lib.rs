@@ -23,6 +23,7 @@ pub mod report;
 pub mod rng;
 pub mod runner;
 pub mod scenario;
+pub mod shoal;
 pub mod testkit;
 pub mod topology;
 pub mod world;

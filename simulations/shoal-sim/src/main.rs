@@ -5,8 +5,10 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use shoal_sim::rng::RngTree;
 use shoal_sim::runner::{run, RunConfig};
 use shoal_sim::scenario::Scenario;
+use shoal_sim::shoal::ShoalHarness;
 use shoal_sim::testkit::{PingConfig, PingHarness};
 
 #[derive(Parser)]
@@ -45,17 +47,19 @@ fn run_cmd(
     quiet: bool,
 ) -> anyhow::Result<bool> {
     let scenario = Scenario::load(scenario_path)?;
-    let mut harness = PingHarness {
-        cfg: PingConfig::from(&scenario.toy),
+    let cfg = RunConfig {
+        seed,
+        progress: !quiet,
     };
-    let outcome = run(
-        &scenario,
-        &mut harness,
-        &RunConfig {
-            seed,
-            progress: !quiet,
-        },
-    )?;
+    let outcome = if scenario.shoal.is_some() {
+        let mut harness = ShoalHarness::new(&scenario, &RngTree::new(seed))?;
+        run(&scenario, &mut harness, &cfg)?
+    } else {
+        let mut harness = PingHarness {
+            cfg: PingConfig::from(&scenario.toy),
+        };
+        run(&scenario, &mut harness, &cfg)?
+    };
     let report = &outcome.report;
     if let Some(dir) = out {
         report

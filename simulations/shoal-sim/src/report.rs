@@ -153,6 +153,8 @@ pub struct Report {
     pub series: BTreeMap<String, Series>,
     /// Named checks; any `ok = false` fails the run.
     pub checks: BTreeMap<String, Check>,
+    /// Named totals (counters summed over nodes, pick counts...).
+    pub counters: BTreeMap<String, u64>,
 }
 
 impl Report {
@@ -232,6 +234,13 @@ impl Report {
                     "| {k} | {} | {} | {} | {} | {} | {} | {} |",
                     v.count, v.min, v.p50, v.p90, v.p99, v.max, v.mean
                 );
+            }
+            m.push('\n');
+        }
+        if !self.counters.is_empty() {
+            let _ = writeln!(m, "## Counters\n\n| name | value |\n|---|---:|");
+            for (k, v) in &self.counters {
+                let _ = writeln!(m, "| {k} | {v} |");
             }
             m.push('\n');
         }

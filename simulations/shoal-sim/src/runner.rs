@@ -40,6 +40,12 @@ pub trait Harness {
         let _ = world;
     }
 
+    /// Called right after a scenario fault was applied, with its resolved targets (the mesh
+    /// harness records death times and which nodes are cut off or stalled).
+    fn on_fault(&mut self, world: &mut World<Self::Node>, fault: &TimedFault, targets: &[u32]) {
+        let _ = (world, fault, targets);
+    }
+
     /// Called once at the end: add distributions, series, checks and plot samples.
     fn finish(
         &mut self,
@@ -285,6 +291,7 @@ pub fn run<H: Harness>(
                 scenario,
             };
             let targets = fc.apply(f);
+            harness.on_fault(&mut world, f, &targets);
             applied.push(AppliedFault {
                 at_ms: f.at_ms,
                 action: f.kind,

@@ -91,9 +91,13 @@ pub struct Scenario {
     /// Workload (services, rollout, drains, crashes). Typed now; acted on by a later layer.
     #[serde(default)]
     pub workload: Option<WorkloadSpec>,
-    /// Traffic (picks). Typed now; acted on by a later layer.
+    /// Traffic (picks), acted on by the shoal layer.
     #[serde(default)]
     pub traffic: Option<TrafficSpec>,
+    /// The shoal layer: when present, nodes are real `shoal-mesh` cores
+    /// ([`crate::shoal::ShoalHarness`]); otherwise the toy ping node runs.
+    #[serde(default)]
+    pub shoal: Option<crate::shoal::ShoalSpec>,
 }
 
 /// `[topology]`.

@@ -1,0 +1,1533 @@
+//! The shoal layer of the simulator: real `shoal-mesh` cores as nodes, a region authority
+//! model, a workload (services, rollouts, drains, process and node crashes), a traffic model
+//! (every agent's app picks endpoints), and the oracle that turns it all into a report.
+//!
+//! # What is measured
+//! * **Drain propagation**: from the authority's commit of a withdrawal (DRAINING) until each
+//!   live agent applied it (the agent stops handing the endpoint out at that moment).
+//! * **Hard-failure detection**: from a node's crash until each surviving agent's SWIM declared
+//!   it down (every endpoint of that node stops being routable there at that moment).
+//! * **Process failure**: from a process crash until each agent applied the owner's failing
+//!   health record.
+//! * **False downs**: live, current identities declared down while neither cut off nor stalled.
+//! * **Late picks**: picks of an endpoint after it was withdrawn or died (the traffic timeline).
+//! * **Convergence**: after `settle_ms`, the first time every live agent of a region holds the
+//!   same heads and the same membership, and whether all routable sets agree at the end.
+//!
+//! # The authority model
+//! A minimal stand-in for the per-region authority (issue 5 replaces it with the shared
+//! `shoal-authority` rules): it signs transitions with gap-free revisions after `commit_ms`,
+//! refuses writes during configured outage windows (requests are retried with jittered
+//! backoff), and publishes each signed record at the requesting agent and at one more agent of
+//! the region (the authority's own mesh member).
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use rand::{Rng, RngExt};
+use serde::Deserialize;
+use shoal_catalog::view::{self, Liveness};
+use shoal_catalog::{Catalog, Keyring, Verifier};
+use shoal_mesh::membership::MemberId;
+use shoal_mesh::{Command, MembershipEvent, Mesh, MeshConfig, MeshEvent, MeshTimer};
+use shoal_proto::{
+    EndpointSpec, Generation, HealthStatus, InstanceId, LabelDimension, Labels, LifecycleRecord,
+    LifecycleState, NodeId, Region, Revision, ServiceKey, SignatureBytes, SignatureError,
+    SignedHealth, SignedLifecycle, SigningKey, TransitionReason, TransitionSource, Version, Zone,
+};
+
+use crate::node::{Channel, NodeCtx, SimNode, Transmit};
+use crate::report::{Check, Distribution, Report};
+use crate::rng::{Purpose, SimRng};
+use crate::runner::Harness;
+use crate::scenario::{CountDist, CrashKind, FaultAction, Scenario, TimedFault};
+use crate::world::World;
+
+/// `[shoal]`: settings of the shoal layer.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ShoalSpec {
+    /// Authority commit latency, ms.
+    #[serde(default = "default_commit_ms")]
+    pub commit_ms: u64,
+    /// Authority unavailable in these windows (writes refused; agents retry with backoff).
+    #[serde(default)]
+    pub outages: Vec<Window>,
+    /// Startup (STARTING -> READY) time of a new instance, ms.
+    #[serde(default = "default_startup_ms")]
+    pub startup_ms: u64,
+    /// How long a drained instance keeps serving before it is deregistered, ms.
+    #[serde(default = "default_drain_grace_ms")]
+    pub drain_grace_ms: u64,
+    /// Readiness probe period of owner agents, ms.
+    #[serde(default = "default_probe_ms")]
+    pub probe_period_ms: u64,
+    /// Consecutive probe failures before the owner reports UNHEALTHY.
+    #[serde(default = "default_probe_failures")]
+    pub probe_failures: u32,
+    /// Faults end here; from now on every region must converge.
+    pub settle_ms: u64,
+    /// Override of the anti-entropy period, ms.
+    pub anti_entropy_ms: Option<u64>,
+    /// Override of the SWIM suspicion window, ms.
+    pub suspicion_ms: Option<u64>,
+    /// Thresholds that turn into report checks.
+    #[serde(default)]
+    pub expect: Expectations,
+}
+
+fn default_commit_ms() -> u64 {
+    10
+}
+fn default_startup_ms() -> u64 {
+    2_000
+}
+fn default_drain_grace_ms() -> u64 {
+    10_000
+}
+fn default_probe_ms() -> u64 {
+    1_000
+}
+fn default_probe_failures() -> u32 {
+    2
+}
+
+/// A time window `[from_ms, to_ms)`.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Window {
+    /// Start, virtual ms.
+    pub from_ms: u64,
+    /// End, virtual ms.
+    pub to_ms: u64,
+}
+
+/// Pass/fail thresholds for a scenario.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Expectations {
+    /// Drain propagation p99 must not exceed this, ms.
+    pub drain_p99_ms: Option<u64>,
+    /// Hard-failure detection p99 must not exceed this, ms.
+    pub detection_p99_ms: Option<u64>,
+    /// At most this many false downs (live, not cut off, not stalled).
+    pub max_false_downs: Option<u64>,
+    /// Every region must converge (same heads, members and routable sets) by the end.
+    #[serde(default)]
+    pub converge: bool,
+    /// Convergence after `settle_ms` must happen within this, ms.
+    pub converge_within_ms: Option<u64>,
+    /// No pick of a withdrawn or dead endpoint later than its own measured propagation.
+    #[serde(default)]
+    pub no_late_picks: bool,
+}
+
+// ---- verification cache + interning shared by all simulated agents ---------------------------
+
+/// Verifies each distinct signed record once (real ed25519) and shares one copy of it between
+/// all simulated agents. Equal content gives equal results, so this changes cost, not outcome.
+#[derive(Debug, Default)]
+pub struct SimKeys {
+    keyring: Keyring,
+    lifecycle: RefCell<HashMap<SignatureBytes, Arc<SignedLifecycle>>>,
+    health: RefCell<HashMap<SignatureBytes, Arc<SignedHealth>>>,
+}
+
+/// Cheap handle to [`SimKeys`], the verifier every simulated mesh uses.
+#[derive(Debug, Clone)]
+pub struct SharedKeys(Rc<SimKeys>);
+
+impl Verifier for SharedKeys {
+    fn verify_lifecycle(&self, signed: &SignedLifecycle) -> Result<(), SignatureError> {
+        if let Some(c) = self.0.lifecycle.borrow().get(&signed.signature) {
+            if **c == *signed {
+                return Ok(());
+            }
+        }
+        self.0.keyring.verify_lifecycle(signed)?;
+        self.0
+            .lifecycle
+            .borrow_mut()
+            .insert(signed.signature, Arc::new(signed.clone()));
+        Ok(())
+    }
+
+    fn verify_health(&self, signed: &SignedHealth) -> Result<(), SignatureError> {
+        if let Some(c) = self.0.health.borrow().get(&signed.signature) {
+            if **c == *signed {
+                return Ok(());
+            }
+        }
+        self.0.keyring.verify_health(signed)?;
+        self.0
+            .health
+            .borrow_mut()
+            .insert(signed.signature, Arc::new(signed.clone()));
+        Ok(())
+    }
+
+    fn intern_lifecycle(&self, record: Arc<SignedLifecycle>) -> Arc<SignedLifecycle> {
+        match self.0.lifecycle.borrow().get(&record.signature) {
+            Some(c) if **c == *record => Arc::clone(c),
+            _ => record,
+        }
+    }
+
+    fn intern_health(&self, record: Arc<SignedHealth>) -> Arc<SignedHealth> {
+        match self.0.health.borrow().get(&record.signature) {
+            Some(c) if **c == *record => Arc::clone(c),
+            _ => record,
+        }
+    }
+}
+
+// ---- the node ----------------------------------------------------------------------------------
+
+/// One simulated agent: a real [`Mesh`] plus a timer-token table and an event tap.
+pub struct ShoalNode {
+    index: u32,
+    mesh: Mesh<SharedKeys>,
+    timers: HashMap<u64, MeshTimer>,
+    next_token: u64,
+    observer: Rc<RefCell<Observer>>,
+}
+
+impl ShoalNode {
+    /// The mesh core.
+    pub fn mesh(&self) -> &Mesh<SharedKeys> {
+        &self.mesh
+    }
+
+    /// Runs a command and taps the resulting events.
+    pub fn command(&mut self, now_ms: u64, cmd: Command) {
+        self.mesh.handle_command(now_ms, cmd);
+        self.tap(now_ms);
+    }
+
+    fn tap(&mut self, now_ms: u64) {
+        let mut obs = self.observer.borrow_mut();
+        while let Some(ev) = self.mesh.poll_event() {
+            obs.on_event(self.index, now_ms, ev);
+        }
+    }
+}
+
+impl SimNode for ShoalNode {
+    fn handle_datagram(&mut self, now_ms: u64, from: SocketAddr, bytes: &[u8]) {
+        self.mesh.handle_datagram(now_ms, from, bytes);
+        self.tap(now_ms);
+    }
+
+    fn handle_stream_message(&mut self, now_ms: u64, from: SocketAddr, bytes: &[u8]) {
+        self.mesh.handle_stream_message(now_ms, from, bytes);
+        self.tap(now_ms);
+    }
+
+    fn handle_timer(&mut self, now_ms: u64, token: u64) {
+        if let Some(t) = self.timers.remove(&token) {
+            self.mesh.handle_timer(now_ms, t);
+            self.tap(now_ms);
+        }
+    }
+
+    fn poll_transmit(&mut self) -> Option<Transmit> {
+        let t = self.mesh.poll_transmit()?;
+        Some(Transmit {
+            to: t.to,
+            channel: match t.channel {
+                shoal_mesh::Channel::Datagram => Channel::Datagram,
+                shoal_mesh::Channel::Stream => Channel::Stream,
+            },
+            bytes: t.bytes,
+        })
+    }
+
+    fn poll_timer(&mut self) -> Option<(u64, u64)> {
+        let (at, t) = self.mesh.poll_timer()?;
+        self.next_token += 1;
+        self.timers.insert(self.next_token, t);
+        Some((at, self.next_token))
+    }
+}
+
+// ---- the observer --------------------------------------------------------------------------------
+
+/// A withdrawal being timed: the first time each agent applied a record at or past `marker`.
+#[derive(Debug)]
+struct Tracked {
+    marker: (Generation, Revision),
+    region: u16,
+    committed_ms: u64,
+    seen_ms: Vec<u64>,
+}
+
+/// A death being timed: the first time each agent declared the node down.
+#[derive(Debug)]
+struct Death {
+    at_ms: u64,
+    boot: Generation,
+    region: u16,
+    seen_ms: Vec<u64>,
+}
+
+/// A process crash being timed: the first time each agent applied the failing health.
+#[derive(Debug)]
+struct ProcessDeath {
+    at_ms: u64,
+    generation: Generation,
+    region: u16,
+    seen_ms: Vec<u64>,
+}
+
+/// Collects what nodes report, keyed for cheap lookup.
+#[derive(Debug, Default)]
+pub struct Observer {
+    nodes: usize,
+    drains: HashMap<(ServiceKey, InstanceId), Tracked>,
+    finished_drains: Vec<Tracked>,
+    deaths: BTreeMap<u32, Death>,
+    finished_deaths: Vec<Death>,
+    process_deaths: HashMap<(ServiceKey, InstanceId), ProcessDeath>,
+    finished_process: Vec<ProcessDeath>,
+    /// Per node: current boot while running, `None` when crashed.
+    boots: Vec<Option<Generation>>,
+    /// Nodes cut off from (part of) the region, or stalled: their downs are not false.
+    excused: BTreeSet<u32>,
+    false_downs: u64,
+    excused_downs: u64,
+    /// (node, time) of every false down, for the report (first 32).
+    false_down_samples: Vec<(u32, u32, u64)>,
+}
+
+fn node_index(id: &NodeId) -> Option<u32> {
+    id.as_str().strip_prefix('n')?.parse().ok()
+}
+
+impl Observer {
+    fn on_event(&mut self, node: u32, now_ms: u64, ev: MeshEvent) {
+        match ev {
+            MeshEvent::LifecycleApplied(rec) => self.on_lifecycle(node, now_ms, &rec),
+            MeshEvent::HealthApplied(rec) => self.on_health(node, now_ms, &rec),
+            MeshEvent::Membership(MembershipEvent::Down(m)) => self.on_down(node, now_ms, &m),
+            _ => {}
+        }
+    }
+
+    fn on_lifecycle(&mut self, node: u32, now_ms: u64, rec: &SignedLifecycle) {
+        if self.drains.is_empty() {
+            return;
+        }
+        let r = &rec.record;
+        // Borrowed lookup: build the key only when something is tracked.
+        if let Some(t) = self.drains.get_mut(&(r.key.clone(), r.instance.clone())) {
+            if r.order() >= t.marker && t.seen_ms[node as usize] == u64::MAX {
+                t.seen_ms[node as usize] = now_ms;
+            }
+        }
+    }
+
+    fn on_health(&mut self, node: u32, now_ms: u64, rec: &SignedHealth) {
+        let r = &rec.record;
+        if r.status != HealthStatus::Failing || self.process_deaths.is_empty() {
+            return;
+        }
+        if let Some(p) = self
+            .process_deaths
+            .get_mut(&(r.key.clone(), r.instance.clone()))
+        {
+            if r.generation == p.generation && p.seen_ms[node as usize] == u64::MAX {
+                p.seen_ms[node as usize] = now_ms;
+            }
+        }
+    }
+
+    fn on_down(&mut self, node: u32, now_ms: u64, m: &MemberId) {
+        let Some(target) = node_index(&m.node) else {
+            return;
+        };
+        if let Some(d) = self.deaths.get_mut(&target) {
+            if d.boot == m.boot {
+                if d.seen_ms[node as usize] == u64::MAX {
+                    d.seen_ms[node as usize] = now_ms;
+                }
+                return;
+            }
+        }
+        let current = self.boots.get(target as usize).copied().flatten();
+        if current == Some(m.boot) {
+            if self.excused.contains(&target) || self.excused.contains(&node) {
+                self.excused_downs += 1;
+            } else {
+                self.false_downs += 1;
+                if self.false_down_samples.len() < 32 {
+                    self.false_down_samples.push((node, target, now_ms));
+                }
+            }
+        }
+    }
+}
+
+// ---- ground truth of the workload ---------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+struct Instance {
+    key: ServiceKey,
+    id: InstanceId,
+    generation: Generation,
+    owner: u32,
+    region: u16,
+    spec: EndpointSpec,
+    state: LifecycleState,
+    process_alive: bool,
+    /// When the endpoint stopped being a valid target (withdrawal commit or death), ms.
+    bad_since: Option<u64>,
+    /// Whether the owner agent already reported it failing.
+    reported_failing: bool,
+}
+
+#[derive(Debug, Clone)]
+enum Action {
+    /// Ask the authority for a transition of instance `idx`.
+    Request {
+        idx: usize,
+        to: LifecycleState,
+        reason: TransitionReason,
+        attempt: u32,
+    },
+    /// A committed record reaches the requesting agent and the authority's member.
+    Publish {
+        rec: Arc<SignedLifecycle>,
+        at: Vec<u32>,
+    },
+    /// Register a replacement for instance `idx`.
+    Replace { idx: usize },
+    /// Drain `count` random READY instances.
+    DrainRandom { count: u32 },
+    /// Crash `count` random instance processes.
+    CrashProcesses { count: u32 },
+    /// Crash `count` random nodes.
+    CrashNodes { count: u32 },
+    /// The owner's probes notice the dead process of `idx`.
+    ProbeFails { idx: usize },
+}
+
+struct RegionAuthority {
+    region: Region,
+    key: SigningKey,
+    next_revision: u64,
+    generation: u64,
+}
+
+/// The shoal harness: drives `shoal-mesh` nodes through a scenario and measures it.
+pub struct ShoalHarness {
+    spec: ShoalSpec,
+    mesh_config: Vec<MeshConfig>,
+    keys: SharedKeys,
+    node_keys: Vec<SigningKey>,
+    authorities: Vec<RegionAuthority>,
+    region_names: Vec<Region>,
+    zone_names: Vec<Zone>,
+    observer: Rc<RefCell<Observer>>,
+    instances: Vec<Instance>,
+    by_key: HashMap<(ServiceKey, InstanceId), usize>,
+    services: Vec<ServiceKey>,
+    service_instances: BTreeMap<ServiceKey, Vec<usize>>,
+    initial: Vec<Catalog>,
+    actions: BTreeMap<(u64, u64), Action>,
+    action_seq: u64,
+    rng: SimRng,
+    traffic_rng: SimRng,
+    picks_per_agent_per_s: f64,
+    pick_credit: f64,
+    next_traffic_ms: u64,
+    next_sample_ms: u64,
+    converged_at: BTreeMap<u16, u64>,
+    // traffic timeline
+    picks: u64,
+    no_backend: u64,
+    late_withdrawn_ms: Vec<u64>,
+    late_dead_ms: Vec<u64>,
+    /// Per instance (by index): the latest pick after it went bad, ms after it went bad.
+    last_bad_pick: HashMap<usize, u64>,
+    replaced: u64,
+    refused_writes: u64,
+}
+
+/// How often the traffic model runs, ms.
+const TRAFFIC_TICK_MS: u64 = 100;
+/// How often convergence is sampled after `settle_ms`, ms.
+const SAMPLE_MS: u64 = 1_000;
+
+impl ShoalHarness {
+    /// Builds the harness for `scenario` (which must have a `[shoal]` section).
+    pub fn new(scenario: &Scenario, tree: &crate::rng::RngTree) -> anyhow::Result<Self> {
+        let spec = scenario
+            .shoal
+            .clone()
+            .ok_or_else(|| anyhow::anyhow!("scenario has no [shoal] section"))?;
+        let topo = scenario.build_topology()?;
+        let region_names: Vec<Region> = topo
+            .region_names()
+            .iter()
+            .map(|r| Region::new(r.clone()))
+            .collect::<Result<_, _>>()?;
+        let zone_names: Vec<Zone> = topo
+            .zone_names()
+            .iter()
+            .map(|(r, z)| Zone::new(format!("{}-{z}", topo.region_names()[*r as usize])))
+            .collect::<Result<_, _>>()?;
+        let mut keyring = Keyring::new();
+        let authorities: Vec<RegionAuthority> = region_names
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let mut seed = [0xA0u8; 32];
+                seed[..8].copy_from_slice(&(i as u64).to_le_bytes());
+                let key = SigningKey::from_seed(seed);
+                keyring.trust_authority(r.clone(), key.verifying_key());
+                RegionAuthority {
+                    region: r.clone(),
+                    key,
+                    next_revision: 1,
+                    generation: 0,
+                }
+            })
+            .collect();
+        let node_keys: Vec<SigningKey> = (0..topo.len() as u64)
+            .map(|i| {
+                let mut seed = [0x5Au8; 32];
+                seed[..8].copy_from_slice(&i.to_le_bytes());
+                let key = SigningKey::from_seed(seed);
+                keyring.trust_node(node_id(i as u32), key.verifying_key());
+                key
+            })
+            .collect();
+        let mesh_config = (0..region_names.len() as u16)
+            .map(|r| {
+                let n = topo.region_nodes(r).len();
+                let mut c = MeshConfig::for_cluster_size(n);
+                if let Some(ae) = spec.anti_entropy_ms {
+                    c.anti_entropy_interval_ms = ae;
+                }
+                if let Some(s) = spec.suspicion_ms {
+                    c.membership.suspect_to_down_after_ms = s;
+                }
+                c
+            })
+            .collect();
+        let observer = Rc::new(RefCell::new(Observer {
+            nodes: topo.len(),
+            boots: vec![None; topo.len()],
+            ..Observer::default()
+        }));
+        let mut h = Self {
+            picks_per_agent_per_s: scenario
+                .traffic
+                .as_ref()
+                .map_or(0.0, |t| t.picks_per_agent_per_s),
+            spec,
+            mesh_config,
+            keys: SharedKeys(Rc::new(SimKeys {
+                keyring,
+                ..SimKeys::default()
+            })),
+            node_keys,
+            authorities,
+            region_names,
+            zone_names,
+            observer,
+            instances: Vec::new(),
+            by_key: HashMap::new(),
+            services: Vec::new(),
+            service_instances: BTreeMap::new(),
+            initial: Vec::new(),
+            actions: BTreeMap::new(),
+            action_seq: 0,
+            rng: tree.child(Purpose::Workload, 0),
+            traffic_rng: tree.child(Purpose::Traffic, 0),
+            pick_credit: 0.0,
+            next_traffic_ms: TRAFFIC_TICK_MS,
+            next_sample_ms: 0,
+            converged_at: BTreeMap::new(),
+            picks: 0,
+            no_backend: 0,
+            late_withdrawn_ms: Vec::new(),
+            late_dead_ms: Vec::new(),
+            last_bad_pick: HashMap::new(),
+            replaced: 0,
+            refused_writes: 0,
+        };
+        h.next_sample_ms = h.spec.settle_ms;
+        h.populate(scenario, &topo);
+        h.schedule_workload(scenario);
+        Ok(h)
+    }
+
+    /// Registers the initial services as READY and builds each region's initial catalog.
+    fn populate(&mut self, scenario: &Scenario, topo: &crate::topology::Topology) {
+        let regions = self.region_names.len() as u16;
+        let mut catalogs: Vec<Catalog> = (0..regions).map(|_| Catalog::new()).collect();
+        let Some(services) = scenario.workload.as_ref().and_then(|w| w.services.as_ref()) else {
+            self.initial = catalogs;
+            return;
+        };
+        for s in 0..services.count {
+            let key: ServiceKey = format!("prod/svc-{s}/http").parse().expect("valid key");
+            let region = (s % u32::from(regions)) as u16;
+            let n = draw_count(&services.instances, &mut self.rng);
+            self.services.push(key.clone());
+            for i in 0..n {
+                let nodes = topo.region_nodes(region);
+                let owner =
+                    nodes.start + (self.rng.next_u64() % u64::from(nodes.end - nodes.start)) as u32;
+                let id = InstanceId::new(format!("svc-{s}-{i}")).expect("valid id");
+                let idx = self.add_instance(key.clone(), id, owner, region, topo);
+                let rec = self.sign(
+                    idx,
+                    LifecycleState::Ready,
+                    TransitionReason::ReadinessPassed,
+                    0,
+                );
+                self.instances[idx].state = LifecycleState::Ready;
+                catalogs[region as usize].apply_lifecycle(Arc::new(rec), &self.keys);
+            }
+        }
+        self.initial = catalogs;
+    }
+
+    fn add_instance(
+        &mut self,
+        key: ServiceKey,
+        id: InstanceId,
+        owner: u32,
+        region: u16,
+        topo: &crate::topology::Topology,
+    ) -> usize {
+        let a = &mut self.authorities[region as usize];
+        a.generation += 1;
+        let zone = self.zone_names[topo.node(owner).zone as usize].clone();
+        let n = self.instances.len() as u32;
+        let spec = EndpointSpec {
+            address: SocketAddr::from(([10, (n >> 16) as u8, (n >> 8) as u8, n as u8], 8080)),
+            zone,
+            version: Version::new("1.0.0").expect("valid"),
+            weight: 100,
+            labels: Labels::new(vec![(LabelDimension::Protocol, "http2".into())]).expect("valid"),
+        };
+        let idx = self.instances.len();
+        self.instances.push(Instance {
+            key: key.clone(),
+            id: id.clone(),
+            generation: Generation(a.generation),
+            owner,
+            region,
+            spec,
+            state: LifecycleState::Starting,
+            process_alive: true,
+            bad_since: None,
+            reported_failing: false,
+        });
+        self.by_key.insert((key.clone(), id), idx);
+        self.service_instances.entry(key).or_default().push(idx);
+        idx
+    }
+
+    fn sign(
+        &mut self,
+        idx: usize,
+        to: LifecycleState,
+        reason: TransitionReason,
+        now_ms: u64,
+    ) -> SignedLifecycle {
+        let inst = &self.instances[idx];
+        let a = &mut self.authorities[inst.region as usize];
+        let revision = Revision(a.next_revision);
+        a.next_revision += 1;
+        a.key.sign_lifecycle(LifecycleRecord {
+            key: inst.key.clone(),
+            instance: inst.id.clone(),
+            generation: inst.generation,
+            region: a.region.clone(),
+            revision,
+            owner: node_id(inst.owner),
+            endpoint: inst.spec.clone(),
+            state: to,
+            reason,
+            source: TransitionSource::OwnerAgent,
+            lease_ms: 300_000,
+            committed_at_ms: now_ms,
+        })
+    }
+
+    fn at(&mut self, ms: u64, action: Action) {
+        self.action_seq += 1;
+        self.actions.insert((ms, self.action_seq), action);
+    }
+
+    fn schedule_workload(&mut self, scenario: &Scenario) {
+        let Some(w) = scenario.workload.as_ref() else {
+            return;
+        };
+        if let Some(r) = &w.rollout {
+            let mut victims: Vec<usize> = (0..self.instances.len()).collect();
+            shuffle(&mut victims, &mut self.rng);
+            victims.truncate(r.replacements as usize);
+            let step = r.over_ms / u64::from(r.replacements.max(1));
+            for (k, idx) in victims.into_iter().enumerate() {
+                self.at(r.start_ms + k as u64 * step, Action::Replace { idx });
+            }
+        }
+        for d in &w.drains {
+            self.at(d.at_ms, Action::DrainRandom { count: d.instances });
+        }
+        for c in &w.crashes {
+            let a = match c.kind {
+                CrashKind::Process => Action::CrashProcesses { count: c.count },
+                CrashKind::Node => Action::CrashNodes { count: c.count },
+            };
+            self.at(c.at_ms, a);
+        }
+    }
+
+    fn in_outage(&self, now_ms: u64) -> Option<u64> {
+        self.spec
+            .outages
+            .iter()
+            .find(|w| (w.from_ms..w.to_ms).contains(&now_ms))
+            .map(|w| w.to_ms)
+    }
+
+    fn run_action(&mut self, world: &mut World<ShoalNode>, now_ms: u64, action: Action) {
+        match action {
+            Action::Request {
+                idx,
+                to,
+                reason,
+                attempt,
+            } => self.request(world, now_ms, idx, to, reason, attempt),
+            Action::Publish { rec, at } => {
+                for node in at {
+                    if world.is_alive(node) {
+                        let rec = Arc::clone(&rec);
+                        world.with_node(node, |n, now| {
+                            n.command(
+                                now,
+                                Command::Publish {
+                                    lifecycle: vec![rec],
+                                },
+                            );
+                        });
+                    }
+                }
+            }
+            Action::Replace { idx } => self.replace(world, now_ms, idx),
+            Action::DrainRandom { count } => {
+                let mut ready: Vec<usize> = (0..self.instances.len())
+                    .filter(|&i| {
+                        let inst = &self.instances[i];
+                        inst.state == LifecycleState::Ready
+                            && inst.process_alive
+                            && world.is_alive(inst.owner)
+                    })
+                    .collect();
+                shuffle(&mut ready, &mut self.rng);
+                for idx in ready.into_iter().take(count as usize) {
+                    self.at(
+                        now_ms,
+                        Action::Request {
+                            idx,
+                            to: LifecycleState::Draining,
+                            reason: TransitionReason::DrainRequested,
+                            attempt: 0,
+                        },
+                    );
+                }
+            }
+            Action::CrashProcesses { count } => {
+                let mut live: Vec<usize> = (0..self.instances.len())
+                    .filter(|&i| {
+                        let inst = &self.instances[i];
+                        inst.state == LifecycleState::Ready
+                            && inst.process_alive
+                            && world.is_alive(inst.owner)
+                    })
+                    .collect();
+                shuffle(&mut live, &mut self.rng);
+                for idx in live.into_iter().take(count as usize) {
+                    self.crash_process(now_ms, idx);
+                }
+            }
+            Action::CrashNodes { count } => {
+                let mut live: Vec<u32> = (0..world.len() as u32)
+                    .filter(|&i| world.is_alive(i))
+                    .collect();
+                shuffle(&mut live, &mut self.rng);
+                for node in live.into_iter().take(count as usize) {
+                    world.crash(node);
+                    self.on_node_crash(world, now_ms, node);
+                }
+            }
+            Action::ProbeFails { idx } => {
+                let inst = &mut self.instances[idx];
+                if inst.reported_failing || !world.is_alive(inst.owner) {
+                    return;
+                }
+                inst.reported_failing = true;
+                let (owner, key, id, generation) = (
+                    inst.owner,
+                    inst.key.clone(),
+                    inst.id.clone(),
+                    inst.generation,
+                );
+                world.with_node(owner, |n, now| {
+                    n.command(
+                        now,
+                        Command::ReportHealth {
+                            key,
+                            instance: id,
+                            generation,
+                            status: HealthStatus::Failing,
+                            reason: TransitionReason::ReadinessFailed,
+                        },
+                    );
+                });
+            }
+        }
+    }
+
+    fn request(
+        &mut self,
+        world: &mut World<ShoalNode>,
+        now_ms: u64,
+        idx: usize,
+        to: LifecycleState,
+        reason: TransitionReason,
+        attempt: u32,
+    ) {
+        let inst = &self.instances[idx];
+        if !world.is_alive(inst.owner) || inst.state == LifecycleState::Expired {
+            return;
+        }
+        if let Some(until) = self.in_outage(now_ms) {
+            // No quorum: refused; the agent retries with exponential backoff and full jitter.
+            self.refused_writes += 1;
+            let cap = 1_000u64 << attempt.min(5);
+            let retry = (now_ms + self.rng.next_u64() % cap.max(1)).max(until.min(now_ms + cap));
+            self.at(
+                retry,
+                Action::Request {
+                    idx,
+                    to,
+                    reason,
+                    attempt: attempt + 1,
+                },
+            );
+            return;
+        }
+        let commit_ms = now_ms + self.spec.commit_ms;
+        let rec = Arc::new(self.sign(idx, to, reason, commit_ms));
+        let owner = self.instances[idx].owner;
+        let region = self.instances[idx].region;
+        let inst = &mut self.instances[idx];
+        inst.state = to;
+        match to {
+            LifecycleState::Draining | LifecycleState::Expired => {
+                if inst.bad_since.is_none() {
+                    inst.bad_since = Some(commit_ms);
+                }
+                if to == LifecycleState::Draining {
+                    let seen = vec![u64::MAX; self.observer.borrow().nodes];
+                    let tracked = Tracked {
+                        marker: rec.record.order(),
+                        region,
+                        committed_ms: commit_ms,
+                        seen_ms: seen,
+                    };
+                    let mut obs = self.observer.borrow_mut();
+                    let key = (inst.key.clone(), inst.id.clone());
+                    if let Some(old) = obs.drains.insert(key, tracked) {
+                        obs.finished_drains.push(old);
+                    }
+                    drop(obs);
+                    self.at(
+                        commit_ms + self.spec.drain_grace_ms,
+                        Action::Request {
+                            idx,
+                            to: LifecycleState::Expired,
+                            reason: TransitionReason::Deregistered,
+                            attempt: 0,
+                        },
+                    );
+                }
+            }
+            LifecycleState::Starting => {
+                self.at(
+                    commit_ms + self.spec.startup_ms,
+                    Action::Request {
+                        idx,
+                        to: LifecycleState::Ready,
+                        reason: TransitionReason::ReadinessPassed,
+                        attempt: 0,
+                    },
+                );
+            }
+            LifecycleState::Ready => {}
+        }
+        let nodes = world.topology().region_nodes(region);
+        let member =
+            nodes.start + (self.rng.next_u64() % u64::from(nodes.end - nodes.start)) as u32;
+        self.at(
+            commit_ms,
+            Action::Publish {
+                rec,
+                at: vec![owner, member],
+            },
+        );
+    }
+
+    fn replace(&mut self, world: &mut World<ShoalNode>, now_ms: u64, idx: usize) {
+        let old = self.instances[idx].clone();
+        if old.state != LifecycleState::Ready {
+            return;
+        }
+        self.replaced += 1;
+        let topo = Arc::clone(world.topology());
+        let nodes = topo.region_nodes(old.region);
+        let owner = nodes.start + (self.rng.next_u64() % u64::from(nodes.end - nodes.start)) as u32;
+        let id = InstanceId::new(format!("{}-r{}", old.id, self.replaced)).expect("valid id");
+        let new = self.add_instance(old.key.clone(), id, owner, old.region, &topo);
+        self.request(
+            world,
+            now_ms,
+            new,
+            LifecycleState::Starting,
+            TransitionReason::Registered,
+            0,
+        );
+        // The old instance is drained once its replacement is READY (k8s maxUnavailable = 0).
+        let ready_at = now_ms + self.spec.commit_ms * 2 + self.spec.startup_ms;
+        self.at(
+            ready_at,
+            Action::Request {
+                idx,
+                to: LifecycleState::Draining,
+                reason: TransitionReason::DrainRequested,
+                attempt: 0,
+            },
+        );
+    }
+
+    fn crash_process(&mut self, now_ms: u64, idx: usize) {
+        let inst = &mut self.instances[idx];
+        inst.process_alive = false;
+        inst.bad_since.get_or_insert(now_ms);
+        let seen = vec![u64::MAX; self.observer.borrow().nodes];
+        self.observer.borrow_mut().process_deaths.insert(
+            (inst.key.clone(), inst.id.clone()),
+            ProcessDeath {
+                at_ms: now_ms,
+                generation: inst.generation,
+                region: inst.region,
+                seen_ms: seen,
+            },
+        );
+        // The owner's readiness probe runs every period with jitter; `probe_failures`
+        // consecutive failures mark the instance failing.
+        let period = self.spec.probe_period_ms;
+        let first = now_ms + self.rng.next_u64() % period.max(1);
+        let at = first + period * u64::from(self.spec.probe_failures.saturating_sub(1));
+        self.at(at, Action::ProbeFails { idx });
+    }
+
+    fn on_node_crash(&mut self, world: &World<ShoalNode>, now_ms: u64, node: u32) {
+        let region = world.topology().node(node).region;
+        let mut obs = self.observer.borrow_mut();
+        let boot = obs.boots[node as usize].take().unwrap_or(Generation(0));
+        let death = Death {
+            at_ms: now_ms,
+            boot,
+            region,
+            seen_ms: vec![u64::MAX; obs.nodes],
+        };
+        if let Some(old) = obs.deaths.insert(node, death) {
+            obs.finished_deaths.push(old);
+        }
+        drop(obs);
+        for inst in self.instances.iter_mut().filter(|i| i.owner == node) {
+            inst.bad_since.get_or_insert(now_ms);
+            inst.process_alive = false;
+        }
+    }
+
+    fn traffic(&mut self, world: &World<ShoalNode>, now_ms: u64) {
+        if self.picks_per_agent_per_s <= 0.0 || self.services.is_empty() {
+            return;
+        }
+        self.pick_credit += self.picks_per_agent_per_s * TRAFFIC_TICK_MS as f64 / 1000.0;
+        let rounds = self.pick_credit.floor() as u32;
+        self.pick_credit -= f64::from(rounds);
+        for _ in 0..rounds {
+            for node in 0..world.len() as u32 {
+                let Some(n) = world.node(node) else { continue };
+                if world.is_stalled(node) {
+                    continue;
+                }
+                self.pick_once(n, node, now_ms, world);
+            }
+        }
+    }
+
+    fn pick_once(&mut self, n: &ShoalNode, node: u32, now_ms: u64, world: &World<ShoalNode>) {
+        let region = world.topology().node(node).region as usize;
+        // Services are spread over regions round-robin (service s lives in region s % R);
+        // an app picks uniformly among its own region's services.
+        let regions = self.region_names.len();
+        let in_region = self.services.len().saturating_sub(region).div_ceil(regions);
+        if in_region == 0 {
+            return;
+        }
+        let k = (self.traffic_rng.next_u64() % in_region as u64) as usize;
+        let key = &self.services[k * regions + region];
+        let mesh = n.mesh();
+        let liveness = mesh.liveness();
+        let r = self.traffic_rng.next_u64();
+        let zone = &self.zone_names[world.topology().node(node).zone as usize];
+        let picked = view::pick(
+            mesh.catalog().routable(key, &liveness),
+            mesh.region(),
+            zone,
+            false,
+            r,
+        );
+        self.picks += 1;
+        let Some(entry) = picked else {
+            self.no_backend += 1;
+            return;
+        };
+        let rec = &entry.lifecycle().record;
+        let Some(&idx) = self.by_key.get(&(rec.key.clone(), rec.instance.clone())) else {
+            return;
+        };
+        let inst = &self.instances[idx];
+        if let Some(since) = inst.bad_since {
+            if now_ms >= since {
+                let late = now_ms - since;
+                if inst.process_alive && inst.state != LifecycleState::Ready {
+                    self.late_withdrawn_ms.push(late);
+                } else {
+                    self.late_dead_ms.push(late);
+                }
+                let e = self.last_bad_pick.entry(idx).or_insert(0);
+                *e = (*e).max(late);
+            }
+        }
+        let _ = liveness.is_down(&rec.owner);
+    }
+
+    /// A fingerprint of one agent's state: heads and membership view.
+    fn fingerprint(n: &ShoalNode, me: u32) -> u64 {
+        let mut h = FNV;
+        let heads = n.mesh().catalog().heads();
+        for r in &heads.regions {
+            h = fnv(h, r.region.as_str().as_bytes());
+            h = fnv(h, &r.contiguous.0.to_le_bytes());
+            h = fnv(h, &r.max_seen.0.to_le_bytes());
+        }
+        for o in &heads.owners {
+            h = fnv(h, o.owner.as_str().as_bytes());
+            h = fnv(h, &o.boot.0.to_le_bytes());
+            h = fnv(h, &o.contiguous.0.to_le_bytes());
+        }
+        let mut members: Vec<&NodeId> = n.mesh().membership().members().map(|m| &m.node).collect();
+        let me = node_id(me);
+        members.push(&me);
+        members.sort();
+        for m in members {
+            h = fnv(h, m.as_str().as_bytes());
+        }
+        h
+    }
+
+    fn sample_convergence(&mut self, world: &World<ShoalNode>, now_ms: u64) {
+        for r in 0..self.region_names.len() as u16 {
+            if self.converged_at.contains_key(&r) {
+                continue;
+            }
+            let mut prints = world
+                .topology()
+                .region_nodes(r)
+                .filter_map(|i| world.node(i).map(|n| Self::fingerprint(n, i)));
+            let Some(first) = prints.next() else { continue };
+            if prints.all(|p| p == first) {
+                self.converged_at.insert(r, now_ms);
+            }
+        }
+    }
+
+    /// At the end: do all live agents of each region hold the same routable set per service?
+    fn routable_sets_agree(&self, world: &World<ShoalNode>) -> (bool, String) {
+        for r in 0..self.region_names.len() as u16 {
+            let mut reference: Option<(u32, BTreeMap<&ServiceKey, Vec<(InstanceId, Generation)>>)> =
+                None;
+            for i in world.topology().region_nodes(r) {
+                let Some(n) = world.node(i) else { continue };
+                let live = n.mesh().liveness();
+                let mut sets = BTreeMap::new();
+                for key in &self.services {
+                    let v: Vec<(InstanceId, Generation)> = n
+                        .mesh()
+                        .catalog()
+                        .routable(key, &live)
+                        .map(|e| {
+                            (
+                                e.lifecycle().record.instance.clone(),
+                                e.lifecycle().record.generation,
+                            )
+                        })
+                        .collect();
+                    sets.insert(key, v);
+                }
+                match &reference {
+                    None => reference = Some((i, sets)),
+                    Some((j, refs)) => {
+                        if *refs != sets {
+                            let svc = refs
+                                .iter()
+                                .find(|(k, v)| sets.get(*k) != Some(*v))
+                                .map(|(k, _)| k.to_string())
+                                .unwrap_or_default();
+                            return (false, format!("agents n{j} and n{i} disagree on {svc}"));
+                        }
+                    }
+                }
+            }
+        }
+        (
+            true,
+            "all live agents of every region hold the same routable sets".into(),
+        )
+    }
+}
+
+fn node_id(i: u32) -> NodeId {
+    NodeId::new(format!("n{i}")).expect("valid node id")
+}
+
+const FNV: u64 = 0xcbf2_9ce4_8422_2325;
+fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+fn shuffle<T>(v: &mut [T], rng: &mut SimRng) {
+    for i in (1..v.len()).rev() {
+        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+        v.swap(i, j);
+    }
+}
+
+fn draw_count(d: &CountDist, rng: &mut SimRng) -> u32 {
+    match *d {
+        CountDist::Fixed { n } => n,
+        CountDist::Uniform { min, max } => rng.random_range(min..=max),
+        CountDist::Zipf { max, exponent } => {
+            // Inverse-CDF sampling over 1..=max with weights k^-exponent.
+            let total: f64 = (1..=max).map(|k| f64::from(k).powf(-exponent)).sum();
+            let mut u = rng.random::<f64>() * total;
+            for k in 1..=max {
+                u -= f64::from(k).powf(-exponent);
+                if u <= 0.0 {
+                    return max + 1 - k;
+                }
+            }
+            1
+        }
+    }
+}
+
+fn dist_of(samples: &mut [u64]) -> Distribution {
+    Distribution::from_values(samples)
+}
+
+impl Harness for ShoalHarness {
+    type Node = ShoalNode;
+
+    fn make_node(&mut self, ctx: &NodeCtx) -> ShoalNode {
+        let topo = &ctx.topology;
+        let region = topo.node(ctx.index).region;
+        let boot = Generation(u64::from(ctx.epoch) + 1);
+        let identity = MemberId {
+            node: node_id(ctx.index),
+            addr: ctx.addr,
+            boot,
+        };
+        let mut mesh = Mesh::new(
+            identity,
+            self.region_names[region as usize].clone(),
+            self.zone_names[ctx.zone as usize].clone(),
+            self.node_keys[ctx.index as usize].clone(),
+            self.mesh_config[region as usize].clone(),
+            self.keys.clone(),
+            ctx.seed,
+        );
+        let now = ctx.now_ms;
+        if ctx.epoch == 0 {
+            // First boot: the region is already formed (as after a long steady state).
+            *mesh.catalog_mut() = self.initial[region as usize].clone();
+            let members: Vec<MemberId> = topo
+                .region_nodes(region)
+                .filter(|&i| i != ctx.index)
+                .map(|i| MemberId {
+                    node: node_id(i),
+                    addr: topo.node(i).addr,
+                    boot: Generation(1),
+                })
+                .collect();
+            mesh.bootstrap(now, members);
+        } else {
+            // Restart: an empty agent auto-joins through three seeds of its region.
+            let nodes = topo.region_nodes(region);
+            let seeds: Vec<SocketAddr> = (0..3)
+                .map(|_| {
+                    nodes.start + (self.rng.next_u64() % u64::from(nodes.end - nodes.start)) as u32
+                })
+                .filter(|&i| i != ctx.index)
+                .map(|i| topo.node(i).addr)
+                .collect();
+            mesh.handle_command(now, Command::Join { seeds });
+        }
+        self.observer.borrow_mut().boots[ctx.index as usize] = Some(boot);
+        let mut node = ShoalNode {
+            index: ctx.index,
+            mesh,
+            timers: HashMap::new(),
+            next_token: 0,
+            observer: Rc::clone(&self.observer),
+        };
+        node.tap(now);
+        node
+    }
+
+    fn next_wakeup_ms(&self) -> Option<u64> {
+        let action = self.actions.keys().next().map(|(t, _)| *t);
+        let traffic = (self.picks_per_agent_per_s > 0.0).then_some(self.next_traffic_ms);
+        let sample =
+            (self.converged_at.len() < self.region_names.len()).then_some(self.next_sample_ms);
+        [action, traffic, sample].into_iter().flatten().min()
+    }
+
+    fn wake(&mut self, world: &mut World<ShoalNode>) {
+        let now = world.now_ms();
+        while let Some(entry) = self.actions.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let action = entry.remove();
+            self.run_action(world, now, action);
+        }
+        if self.picks_per_agent_per_s > 0.0 && self.next_traffic_ms <= now {
+            self.traffic(world, now);
+            self.next_traffic_ms = now + TRAFFIC_TICK_MS;
+        }
+        if now >= self.spec.settle_ms && self.next_sample_ms <= now {
+            self.sample_convergence(world, now);
+            self.next_sample_ms = now + SAMPLE_MS;
+        }
+    }
+
+    fn on_fault(&mut self, world: &mut World<ShoalNode>, fault: &TimedFault, targets: &[u32]) {
+        let now = fault.at_ms;
+        match &fault.action {
+            FaultAction::Crash(_) => {
+                for &t in targets {
+                    self.on_node_crash(world, now, t);
+                }
+            }
+            FaultAction::Restart(_) => {
+                // make_node already recorded the new boot; the old identity's death is timed.
+                for &t in targets {
+                    let region = world.topology().node(t).region;
+                    let mut obs = self.observer.borrow_mut();
+                    let boot = Generation(u64::from(world.epoch(t)));
+                    let death = Death {
+                        at_ms: now,
+                        boot,
+                        region,
+                        seen_ms: vec![u64::MAX; obs.nodes],
+                    };
+                    if let Some(old) = obs.deaths.insert(t, death) {
+                        obs.finished_deaths.push(old);
+                    }
+                }
+            }
+            FaultAction::Cut { .. }
+            | FaultAction::CutOneWay { .. }
+            | FaultAction::DropLink { .. }
+            | FaultAction::Isolate(_)
+            | FaultAction::IsolateExcept { .. }
+            | FaultAction::Stall { .. } => {
+                self.observer
+                    .borrow_mut()
+                    .excused
+                    .extend(targets.iter().copied());
+            }
+            FaultAction::Heal => {}
+            FaultAction::Recover(_) | FaultAction::Unstall(_) => {}
+            FaultAction::Skew { .. } | FaultAction::SetNetwork { .. } => {}
+        }
+    }
+
+    fn finish(
+        &mut self,
+        world: &World<ShoalNode>,
+        report: &mut Report,
+        samples: &mut BTreeMap<String, Vec<u64>>,
+    ) {
+        let obs = self.observer.borrow();
+        let alive: Vec<bool> = (0..world.len() as u32).map(|i| world.is_alive(i)).collect();
+        let topo = world.topology();
+        // Drain propagation.
+        let mut per_agent = Vec::new();
+        let mut last_agent = Vec::new();
+        let mut missing_drains = 0u64;
+        for t in obs.drains.values().chain(obs.finished_drains.iter()) {
+            if std::env::var_os("SHOAL_SIM_DEBUG").is_some() {
+                let mut v: Vec<(u64, u32)> = t
+                    .seen_ms
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| (s.saturating_sub(t.committed_ms), i as u32))
+                    .collect();
+                v.sort();
+                eprintln!(
+                    "drain commit {} marker {:?}: {:?}",
+                    t.committed_ms,
+                    t.marker,
+                    &v[v.len().saturating_sub(8)..]
+                );
+            }
+            let mut worst = 0;
+            for i in topo.region_nodes(t.region) {
+                if !alive[i as usize] {
+                    continue;
+                }
+                let seen = t.seen_ms[i as usize];
+                if seen == u64::MAX {
+                    missing_drains += 1;
+                    continue;
+                }
+                let d = seen.saturating_sub(t.committed_ms);
+                per_agent.push(d);
+                worst = worst.max(d);
+            }
+            last_agent.push(worst);
+        }
+        // Detection.
+        let mut det_agent = Vec::new();
+        let mut det_last = Vec::new();
+        let mut missing_detections = 0u64;
+        for d in obs.deaths.values().chain(obs.finished_deaths.iter()) {
+            let mut worst = 0;
+            for i in topo.region_nodes(d.region) {
+                if !alive[i as usize] || d.seen_ms[i as usize] == u64::MAX {
+                    if alive[i as usize] && obs.boots[i as usize].is_some() {
+                        missing_detections += u64::from(d.seen_ms[i as usize] == u64::MAX);
+                    }
+                    continue;
+                }
+                let x = d.seen_ms[i as usize].saturating_sub(d.at_ms);
+                det_agent.push(x);
+                worst = worst.max(x);
+            }
+            det_last.push(worst);
+        }
+        // Process failures.
+        let mut proc_agent = Vec::new();
+        for p in obs
+            .process_deaths
+            .values()
+            .chain(obs.finished_process.iter())
+        {
+            for i in topo.region_nodes(p.region) {
+                let seen = p.seen_ms[i as usize];
+                if alive[i as usize] && seen != u64::MAX {
+                    proc_agent.push(seen.saturating_sub(p.at_ms));
+                }
+            }
+        }
+        let drain_max = per_agent.iter().copied().max().unwrap_or(0);
+        let proc_max = proc_agent.iter().copied().max().unwrap_or(0);
+        let det_max = det_agent.iter().copied().max().unwrap_or(0);
+        samples.insert("drain_propagation_ms".into(), per_agent.clone());
+        samples.insert("detection_ms".into(), det_agent.clone());
+        let drain = dist_of(&mut per_agent);
+        let detection = dist_of(&mut det_agent);
+        report
+            .distributions
+            .insert("drain_propagation_ms".into(), drain.clone());
+        report.distributions.insert(
+            "drain_propagation_last_agent_ms".into(),
+            dist_of(&mut last_agent),
+        );
+        report
+            .distributions
+            .insert("detection_ms".into(), detection.clone());
+        report
+            .distributions
+            .insert("detection_last_agent_ms".into(), dist_of(&mut det_last));
+        report
+            .distributions
+            .insert("process_failure_ms".into(), dist_of(&mut proc_agent));
+        let late_w_max = self.late_withdrawn_ms.iter().copied().max().unwrap_or(0);
+        let late_d_max = self.late_dead_ms.iter().copied().max().unwrap_or(0);
+        report.distributions.insert(
+            "late_pick_withdrawn_ms".into(),
+            dist_of(&mut self.late_withdrawn_ms.clone()),
+        );
+        report.distributions.insert(
+            "late_pick_dead_ms".into(),
+            dist_of(&mut self.late_dead_ms.clone()),
+        );
+        // Convergence.
+        let settle = self.spec.settle_ms;
+        let mut conv: Vec<u64> = self
+            .converged_at
+            .values()
+            .map(|t| t.saturating_sub(settle))
+            .collect();
+        report
+            .distributions
+            .insert("convergence_after_settle_ms".into(), dist_of(&mut conv));
+        let (agree, agree_detail) = self.routable_sets_agree(world);
+        // Counters.
+        let c = &mut report.counters;
+        c.insert("picks".into(), self.picks);
+        c.insert("picks_no_backend".into(), self.no_backend);
+        c.insert(
+            "picks_of_withdrawn".into(),
+            self.late_withdrawn_ms.len() as u64,
+        );
+        c.insert("picks_of_dead".into(), self.late_dead_ms.len() as u64);
+        c.insert("false_downs".into(), obs.false_downs);
+        c.insert("downs_of_cut_or_stalled".into(), obs.excused_downs);
+        c.insert(
+            "drains_tracked".into(),
+            (obs.drains.len() + obs.finished_drains.len()) as u64,
+        );
+        c.insert("drain_applications_missing".into(), missing_drains);
+        c.insert(
+            "deaths_tracked".into(),
+            (obs.deaths.len() + obs.finished_deaths.len()) as u64,
+        );
+        c.insert("detections_missing".into(), missing_detections);
+        c.insert("authority_writes_refused".into(), self.refused_writes);
+        c.insert("instances".into(), self.instances.len() as u64);
+        let mut totals = BTreeMap::<&str, u64>::new();
+        for (_, n) in world.nodes() {
+            let Some(n) = n else { continue };
+            let m = n.mesh();
+            let cc = m.catalog().counters();
+            for (k, v) in [
+                ("records_applied", cc.applied),
+                ("records_stale", cc.stale),
+                ("records_duplicate", cc.duplicate),
+                ("records_conflict", cc.conflict),
+                ("records_bad_signature", cc.bad_signature),
+                ("records_unadmitted", cc.unadmitted),
+                ("gaps_detected", m.counters().gaps_detected),
+                ("anti_entropy_rounds", m.counters().anti_entropy_rounds),
+                ("deltas_sent", m.counters().deltas_sent),
+                ("grafts_sent", m.counters().grafts_sent),
+                ("prunes_sent", m.counters().prunes_sent),
+                ("snapshots_sent", m.counters().snapshots_sent),
+                ("snapshots_installed", m.counters().snapshots_installed),
+                ("outbox_overflow", m.counters().outbox_overflow),
+                ("transmit_overflow", m.counters().transmit_overflow),
+                ("tombstones_collected", m.counters().tombstones_collected),
+                (
+                    "membership_rejected_decode",
+                    m.membership().counters().rejected_decode,
+                ),
+                ("membership_rejoins", m.membership().counters().rejoins),
+                ("eager_links", m.peer_sets().0 as u64),
+                ("lazy_links", m.peer_sets().1 as u64),
+                ("members_known", m.membership().num_members() as u64),
+            ] {
+                *totals.entry(k).or_default() += v;
+            }
+        }
+        for (k, v) in totals {
+            c.insert(k.into(), v);
+        }
+        for (i, (from, to, at)) in obs.false_down_samples.iter().enumerate() {
+            c.insert(format!("false_down_{i:02}_n{from}_saw_n{to}_at_ms"), *at);
+        }
+        // Checks.
+        let e = &self.spec.expect;
+        if let Some(max) = e.drain_p99_ms {
+            report.checks.insert(
+                "drain_propagation_p99".into(),
+                Check {
+                    ok: drain.count > 0 && drain.p99 <= max && missing_drains == 0,
+                    detail: format!(
+                        "p99 {} ms (limit {max}), {} samples, {missing_drains} missing",
+                        drain.p99, drain.count
+                    ),
+                },
+            );
+        }
+        if let Some(max) = e.detection_p99_ms {
+            report.checks.insert(
+                "detection_p99".into(),
+                Check {
+                    ok: detection.count > 0 && detection.p99 <= max && missing_detections == 0,
+                    detail: format!(
+                        "p99 {} ms (limit {max}), {} samples, {missing_detections} missing",
+                        detection.p99, detection.count
+                    ),
+                },
+            );
+        }
+        if let Some(max) = e.max_false_downs {
+            report.checks.insert(
+                "false_downs".into(),
+                Check {
+                    ok: obs.false_downs <= max,
+                    detail: format!("{} false downs (limit {max})", obs.false_downs),
+                },
+            );
+        }
+        if e.converge {
+            let all = self.converged_at.len() == self.region_names.len();
+            let within = e
+                .converge_within_ms
+                .is_none_or(|w| conv.iter().all(|&c| c <= w));
+            report.checks.insert(
+                "convergence".into(),
+                Check {
+                    ok: all && within && agree,
+                    detail: format!(
+                        "{} of {} regions converged after settle ({:?} ms); {agree_detail}",
+                        self.converged_at.len(),
+                        self.region_names.len(),
+                        conv
+                    ),
+                },
+            );
+        }
+        if e.no_late_picks {
+            report.checks.insert("no_late_picks".into(), Check {
+                ok: late_w_max <= drain_max && late_d_max <= det_max.max(proc_max),
+                detail: format!(
+                    "latest pick of a withdrawn endpoint {late_w_max} ms after commit (propagation max {drain_max}); of a dead one {late_d_max} ms after death (detection max {det_max}, process failure max {proc_max})"
+                ),
+            });
+        }
+    }
+}
