@@ -15,7 +15,8 @@
 //! Decoding checks, in order: header length, magic, version, flags, body length against the
 //! bytes present (a truncated or torn file is shorter, a NUL-padded one longer), the checksum,
 //! the postcard body (which must be consumed exactly), the record count and revision against
-//! the header, and finally every record's signature. Only when all pass is a [`Snapshot`]
+//! the header, the region heads (GC floor <= contiguous <= max seen; the header revision is the
+//! home region's head), and finally every record's signature. Only when all pass is a [`Snapshot`]
 //! returned: a partial snapshot is never produced (ARCHITECTURE invariant 7).
 
 use std::sync::Arc;
@@ -256,8 +257,36 @@ pub fn decode(bytes: &[u8], verifier: &dyn Verifier) -> Result<Snapshot, Snapsho
             snap.revision
         )));
     }
+    check_heads(&snap)?;
     verify_all(&snap, verifier)?;
     Ok(snap)
+}
+
+/// Heads are not signed, so at least refuse heads no honest catalog can have: a GC floor above
+/// the contiguous head (installing it would refuse every new instance at or below it as
+/// "collected"), a contiguous head above the highest revision seen, or a header revision that
+/// is not the writer's home-region head.
+fn check_heads(snap: &Snapshot) -> Result<(), SnapshotError> {
+    for h in &snap.regions {
+        if h.gc_floor > h.contiguous || h.contiguous > h.max_seen {
+            return Err(SnapshotError::Inconsistent(format!(
+                "region {} head: gc floor {}, contiguous {}, max seen {}",
+                h.region, h.gc_floor, h.contiguous, h.max_seen
+            )));
+        }
+    }
+    let home = snap
+        .regions
+        .iter()
+        .find(|h| h.region == snap.region)
+        .map_or(Revision(0), |h| h.contiguous);
+    if home != snap.revision {
+        return Err(SnapshotError::Inconsistent(format!(
+            "snapshot revision {} is not the home region's head {home}",
+            snap.revision
+        )));
+    }
+    Ok(())
 }
 
 fn verify_all(snap: &Snapshot, verifier: &dyn Verifier) -> Result<(), SnapshotError> {
