@@ -1,7 +1,8 @@
-//! The shoal node agent.
+//! # shoal-transport
 //!
-//! This crate will hold the daemon that runs on every machine (see the architecture brief). So
-//! far it has the pieces every other part of the agent stands on:
+//! Every byte between shoal processes (agent to agent, agent to authority, authority to
+//! authority) travels through this crate. It is split from the agent so the authority replicas
+//! use the very same mutual-TLS QUIC setup (docs/adr/0002-transport-crate.md).
 //!
 //! - [`certs`]: per-region development CA and node certificates (rcgen), and parsing a verified
 //!   peer certificate back into a [`certs::NodeIdentity`].

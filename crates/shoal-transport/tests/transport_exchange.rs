@@ -2,7 +2,7 @@
 
 mod transport_support;
 
-use shoal_agent::transport::{Channel, SendError, Transport};
+use shoal_transport::transport::{Channel, SendError, Transport};
 use transport_support::{recv, wait_until, Pki};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -69,7 +69,7 @@ async fn datagrams_and_streams_flow_both_ways_on_one_connection() {
     );
 }
 
-async fn recv_none(rx: &mut tokio::sync::mpsc::Receiver<shoal_agent::transport::Inbound>) -> bool {
+async fn recv_none(rx: &mut tokio::sync::mpsc::Receiver<shoal_transport::transport::Inbound>) -> bool {
     tokio::time::timeout(transport_support::WAIT, rx.recv())
         .await
         .expect("channel should close")

@@ -2,8 +2,8 @@
 
 mod transport_support;
 
-use shoal_agent::certs::{CertError, ExtraSans};
-use shoal_agent::transport::{Inbound, Transport, TransportError};
+use shoal_transport::certs::{CertError, ExtraSans};
+use shoal_transport::transport::{Inbound, Transport, TransportError};
 use tokio::sync::mpsc;
 use transport_support::{wait_until, Pki};
 

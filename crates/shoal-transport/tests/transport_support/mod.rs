@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
-use shoal_agent::certs::{
+use shoal_transport::certs::{
     generate_ca, generate_node_cert, CertPair, ExtraSans, Validity, CA_VALIDITY, NODE_VALIDITY,
 };
-use shoal_agent::transport::{Inbound, Transport, TransportConfig};
+use shoal_transport::transport::{Inbound, Transport, TransportConfig};
 use shoal_proto::{NodeId, Region};
 use tokio::sync::mpsc;
 
