@@ -23,6 +23,7 @@ pub mod envelope;
 pub mod ids;
 pub mod policy;
 pub mod record;
+pub mod rpc;
 pub mod sign;
 
 pub use ids::{
