@@ -471,6 +471,17 @@ impl Catalog {
                 }
             }
         };
+        // One revision names one transition: a record reusing a revision held by another
+        // instance is a fault (two leaders, a forged record), never a second truth.
+        let reused = region
+            .by_revision
+            .get(&rec.revision)
+            .is_some_and(|(k, i)| (k, i) != (&rec.key, &rec.instance));
+        let outcome = if outcome == MergeOutcome::Applied && reused {
+            MergeOutcome::Conflict
+        } else {
+            outcome
+        };
         if region.head.observe(0, rec.revision.0) == Observed::Overflow {
             self.counters.pending_overflow += 1;
         }

@@ -1042,3 +1042,19 @@ fn check_transition_accepts_exactly_the_table() {
         legal.len()
     );
 }
+
+/// Two different instances signed under one revision: the second is a conflict, not a second
+/// truth, and deltas stay complete.
+#[test]
+fn a_revision_reused_for_another_instance_is_a_conflict() {
+    let fx = Fixture::new();
+    let mut c = Catalog::new();
+    let a = fx.lifecycle("a", 1, 1, LifecycleState::Ready);
+    let b = fx.lifecycle("b", 2, 1, LifecycleState::Ready);
+    assert_eq!(c.apply_lifecycle(Arc::new(a), &fx.keyring), MergeOutcome::Applied);
+    assert_eq!(c.apply_lifecycle(Arc::new(b), &fx.keyring), MergeOutcome::Conflict);
+    assert_eq!(c.counters().conflict, 1);
+    let delta = c.lifecycle_delta(&fx.region, Revision(0), 100).unwrap();
+    assert_eq!(delta.records.len(), 1);
+    assert_eq!(delta.records[0].record.instance.as_str(), "a");
+}
