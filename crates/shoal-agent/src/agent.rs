@@ -1,0 +1,434 @@
+//! Boot sequence and the tasks around the driver.
+//!
+//! 1. data dir: node key (created once, 0600), boot generation (bumped on every start);
+//! 2. transport (mTLS QUIC) bound; the certificate must name this node and region;
+//! 3. keyring from `[trust]` (+ the dev authority key when asked, + our own node key);
+//! 4. the persisted snapshot (newest valid generation) installed into the mesh's catalog;
+//! 5. tasks: the driver, auto-join (backoff with full jitter until Active, again after Idle),
+//!    authority status ping, the local API on the unix socket, `/metrics`, and registration of
+//!    the instances declared in the config file;
+//! 6. on SIGTERM / SIGINT: graceful leave, final snapshot, socket removed.
+
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use shoal_catalog::Keyring;
+use shoal_mesh::{Command, MemberId, Mesh};
+use shoal_proto::rpc::AuthorityRequestBody;
+use shoal_proto::{
+    Generation, HealthStatus, InstanceId, LifecycleState, ServiceKey, TransitionReason,
+};
+use shoal_transport::certs;
+use shoal_transport::transport::{Transport, TransportConfig};
+use tokio::sync::{mpsc, watch};
+
+use crate::config::Validated;
+use crate::dev_authority::{dev_key, DevAuthority};
+use crate::driver::Driver;
+use crate::keys::{self, Jitter};
+use crate::probes::{ProbeSet, ProbeSignal};
+use crate::state::{DriverCmd, Shared, Status};
+
+/// Runs the agent until `shutdown` resolves (or SIGTERM/SIGINT when `None`).
+///
+/// # Errors
+/// Start-up failures (config, certificates, data dir, socket). Once running, errors are
+/// counted and logged, never fatal.
+pub async fn run(cfg: Validated) -> anyhow::Result<()> {
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    };
+    run_until(cfg, shutdown).await
+}
+
+/// As [`run`], stopping when `shutdown` resolves.
+///
+/// # Errors
+/// Start-up failures.
+pub async fn run_until(
+    cfg: Validated,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    crate::metrics::install();
+    let raw = &cfg.raw;
+    keys::ensure_dir(&raw.data_dir)
+        .with_context(|| format!("data dir {}", raw.data_dir.display()))?;
+    let node_key = keys::load_or_create_node_key(&raw.data_dir).context("node key")?;
+    let boot = keys::bump_boot(&raw.data_dir).context("boot counter")?;
+
+    let read = |p: &std::path::Path| certs::read_pem_file(p).map_err(anyhow::Error::from);
+    let mut tc = TransportConfig::new(
+        raw.listen,
+        cfg.region.clone(),
+        read(&raw.tls.ca)?,
+        read(&raw.tls.cert)?,
+        read(&raw.tls.key)?,
+    );
+    tc.advertise = raw.advertise;
+    tc.max_stream_message_bytes = cfg.mesh.max_stream_message_bytes;
+    let (transport, inbound) = Transport::bind(tc).context("transport")?;
+    if transport.identity().node_id != cfg.node_id {
+        bail!(
+            "certificate is for node `{}`, config says `{}`",
+            transport.identity().node_id,
+            cfg.node_id
+        );
+    }
+
+    let mut keyring = Keyring::new();
+    for k in &cfg.authority_keys {
+        keyring.trust_authority(cfg.region.clone(), k.clone());
+    }
+    let dev_pub = dev_key(&cfg.region).verifying_key();
+    if raw.authority.dev || raw.trust.dev_authority {
+        keyring.trust_authority(cfg.region.clone(), dev_pub.clone());
+    }
+    for (n, k) in &cfg.node_keys {
+        keyring.trust_node(n.clone(), k.clone());
+    }
+    keyring.trust_node(cfg.node_id.clone(), node_key.verifying_key());
+
+    let identity = MemberId {
+        node: cfg.node_id.clone(),
+        addr: transport.listen_addr(),
+        boot,
+    };
+    let mut mesh = Mesh::new(
+        identity.clone(),
+        cfg.region.clone(),
+        cfg.zone.clone(),
+        node_key.clone(),
+        cfg.mesh.clone(),
+        keyring.clone(),
+        keys::random_u64(),
+    );
+    let mut status = Status::default();
+    let (loaded, refused) = crate::persist::load_snapshot(&raw.data_dir, &keyring);
+    for r in &refused {
+        tracing::error!(file = %r.path.display(), reason = %r.reason, "persisted snapshot refused; skipped");
+        metrics::counter!("shoal_snapshot_load_refused_total").increment(1);
+        status
+            .refused_snapshots
+            .push(format!("{}: {}", r.path.display(), r.reason));
+    }
+    if let Some(l) = loaded {
+        let out = mesh.catalog_mut().install(&l.snapshot, &keyring);
+        tracing::info!(file = %l.path.display(), records = l.snapshot.record_count(), ?out, "persisted snapshot loaded (stale until peers or the authority answer)");
+        status.loaded_snapshot_written = Some(l.written);
+    }
+
+    let dev = raw.authority.dev.then(|| {
+        tracing::warn!(
+            "=== DEVELOPMENT AUTHORITY ENABLED: well-known INSECURE key; NOT FOR PRODUCTION ==="
+        );
+        DevAuthority::open(cfg.region.clone(), cfg.node_id.clone(), &raw.data_dir)
+    });
+    let (driver_tx, driver_rx) = mpsc::channel(4096);
+    let (index_tx, _) = watch::channel(1u64);
+    let shared = Arc::new(Shared {
+        node_key_hex: keys::to_hex(&node_key.verifying_key().to_bytes()),
+        dev_authority_key_hex: dev
+            .as_ref()
+            .map(|d| keys::to_hex(&d.verifying_key().to_bytes())),
+        boot,
+        probe_permits: Arc::new(tokio::sync::Semaphore::new(raw.probes.max_concurrent)),
+        probe_tasks: Mutex::new(Default::default()),
+        mesh: RwLock::new(mesh),
+        origin: tokio::time::Instant::now(),
+        index: index_tx,
+        ejections: Mutex::new(Default::default()),
+        status: Mutex::new(status),
+        driver: driver_tx,
+        cfg,
+    });
+    tracing::info!(node = %identity.node, addr = %identity.addr, boot = boot.0,
+        node_key = %shared.node_key_hex, "agent starting");
+
+    let (join_tx, join_rx) = watch::channel(0u64);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let driver = Driver::new(shared.clone(), transport, inbound, driver_rx, dev, join_tx);
+    let driver_task = tokio::spawn(driver.run(async {
+        let _ = stop_rx.await;
+    }));
+    let mut tasks = vec![
+        tokio::spawn(join_loop(shared.clone(), join_rx)),
+        tokio::spawn(status_loop(shared.clone())),
+        tokio::spawn(register_configured(shared.clone())),
+    ];
+    let socket = shared.cfg.raw.socket.clone();
+    let listener = bind_socket(&socket)?;
+    let app = crate::api::router(shared.clone());
+    tasks.push(tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "local API stopped");
+        }
+    }));
+    if let Some(addr) = shared.cfg.raw.metrics {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("metrics listener {addr}"))?;
+        let app = axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(|| async { crate::metrics::render() }),
+        );
+        tasks.push(tokio::spawn(async move {
+            let _ = axum::serve(l, app).await;
+        }));
+    }
+    tracing::info!(socket = %socket.display(), "local API listening");
+    shutdown.await;
+    for t in &tasks {
+        t.abort();
+    }
+    let _ = stop_tx.send(());
+    let _ = driver_task.await;
+    let _ = std::fs::remove_file(&socket);
+    tracing::info!("agent stopped");
+    Ok(())
+}
+
+fn bind_socket(path: &std::path::Path) -> anyhow::Result<tokio::net::UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("socket dir {}", dir.display()))?;
+    }
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            bail!("socket {} is in use by another agent", path.display());
+        }
+        std::fs::remove_file(path).with_context(|| format!("stale socket {}", path.display()))?;
+    }
+    let l = tokio::net::UnixListener::bind(path)
+        .with_context(|| format!("bind socket {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+    Ok(l)
+}
+
+async fn resolve_seeds(shared: &Shared) -> Vec<SocketAddr> {
+    let me = shared
+        .mesh
+        .read()
+        .expect("mesh lock")
+        .membership()
+        .identity()
+        .addr;
+    let mut out = Vec::new();
+    for s in &shared.cfg.raw.seeds {
+        match tokio::time::timeout(Duration::from_secs(2), tokio::net::lookup_host(s.as_str()))
+            .await
+        {
+            Ok(Ok(addrs)) => out.extend(addrs),
+            _ => tracing::debug!(seed = %s, "seed did not resolve"),
+        }
+    }
+    for m in crate::persist::read_members(&shared.cfg.raw.data_dir) {
+        out.push(m.addr);
+    }
+    out.retain(|a| *a != me);
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Joins with exponential backoff and full jitter until the membership is Active; starts over
+/// whenever the driver reports the membership idle. Never gives up.
+async fn join_loop(shared: Arc<Shared>, mut wanted: watch::Receiver<u64>) {
+    let cfg = shared.cfg.raw.join.clone();
+    let mut jitter = Jitter::new();
+    loop {
+        let mut attempt: u32 = 0;
+        loop {
+            if shared.status.lock().expect("status").active {
+                break;
+            }
+            let seeds = resolve_seeds(&shared).await;
+            if seeds.is_empty() && shared.cfg.raw.seeds.is_empty() {
+                break; // the first node of a region: others join us
+            }
+            if attempt > 0 {
+                metrics::counter!("shoal_reconnects_total", "what" => "join_attempt").increment(1);
+            }
+            tracing::debug!(attempt, ?seeds, "joining");
+            let _ = shared.driver.send(DriverCmd::Join(seeds)).await;
+            let ceiling = cfg
+                .base_ms
+                .saturating_mul(1u64 << attempt.min(20))
+                .min(cfg.max_ms);
+            tokio::time::sleep(Duration::from_millis(jitter.upto(ceiling))).await;
+            attempt = attempt.saturating_add(1);
+        }
+        if wanted.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Pings the authority for "last authority contact" (the dev authority counts as contact).
+async fn status_loop(shared: Arc<Shared>) {
+    if shared.cfg.raw.authority.dev || shared.cfg.raw.authority.addresses.is_empty() {
+        return;
+    }
+    let every = shared.cfg.raw.authority.status_interval_ms;
+    let mut jitter = Jitter::new();
+    loop {
+        let _ = crate::client::call(&shared, AuthorityRequestBody::Status).await;
+        tokio::time::sleep(Duration::from_millis(every / 2 + jitter.upto(every))).await;
+    }
+}
+
+/// Registers the `[[instances]]` of the config file, retrying until the authority accepts.
+async fn register_configured(shared: Arc<Shared>) {
+    let mut jitter = Jitter::new();
+    for inst in shared.cfg.raw.instances.clone() {
+        let Ok(key) = inst.service.parse::<ServiceKey>() else {
+            tracing::error!(service = %inst.service, "invalid service key in [[instances]]");
+            continue;
+        };
+        let body = crate::api::RegisterBody {
+            instance: inst.instance.clone(),
+            address: inst.address,
+            version: inst.version.clone(),
+            weight: inst.weight,
+            zone: inst.zone.clone(),
+            labels: inst.labels.clone(),
+            lease_ms: None,
+            probes: inst.probes.clone(),
+        };
+        let mut attempt = 0u32;
+        loop {
+            match crate::api::register_instance(&shared, key.clone(), &body).await {
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::warn!(instance = %inst.instance, ?e, "registration failed; retrying");
+                    let ceiling = 500u64.saturating_mul(1 << attempt.min(6)).min(30_000);
+                    tokio::time::sleep(Duration::from_millis(jitter.upto(ceiling))).await;
+                    attempt += 1;
+                }
+            }
+        }
+    }
+}
+
+/// Starts (or restarts) the probes of a local instance.
+pub fn start_probes(
+    shared: &Arc<Shared>,
+    key: ServiceKey,
+    instance: InstanceId,
+    generation: Generation,
+    addr: SocketAddr,
+    set: ProbeSet,
+) {
+    stop_probes(shared, &key, &instance);
+    if set.is_empty() {
+        return;
+    }
+    let task_key = (key.to_string(), instance.to_string());
+    let s = shared.clone();
+    let handle = tokio::spawn(async move {
+        let (tx, mut rx) = mpsc::channel(16);
+        let probes = tokio::spawn(crate::probes::run_instance(
+            set,
+            addr,
+            s.probe_permits.clone(),
+            tx,
+        ));
+        let mut reported_failing = false;
+        while let Some(sig) = rx.recv().await {
+            on_probe_signal(&s, &key, &instance, generation, sig, &mut reported_failing).await;
+        }
+        probes.abort();
+    });
+    shared
+        .probe_tasks
+        .lock()
+        .expect("probe tasks")
+        .insert(task_key, handle.abort_handle());
+}
+
+/// Stops the probes of a local instance.
+pub fn stop_probes(shared: &Shared, key: &ServiceKey, instance: &InstanceId) {
+    if let Some(h) = shared
+        .probe_tasks
+        .lock()
+        .expect("probe tasks")
+        .remove(&(key.to_string(), instance.to_string()))
+    {
+        h.abort();
+    }
+}
+
+async fn on_probe_signal(
+    shared: &Arc<Shared>,
+    key: &ServiceKey,
+    instance: &InstanceId,
+    generation: Generation,
+    sig: ProbeSignal,
+    reported_failing: &mut bool,
+) {
+    let health = |status, reason| {
+        DriverCmd::Mesh(Command::ReportHealth {
+            key: key.clone(),
+            instance: instance.clone(),
+            generation,
+            status,
+            reason,
+        })
+    };
+    match sig {
+        ProbeSignal::Started => {
+            let starting = shared
+                .mesh
+                .read()
+                .expect("mesh lock")
+                .catalog()
+                .entry(key, instance)
+                .is_some_and(|e| {
+                    let r = &e.lifecycle().record;
+                    r.generation == generation && r.state == LifecycleState::Starting
+                });
+            if starting {
+                tracing::info!(%key, %instance, "startup and readiness passed: requesting READY");
+                if let Err(e) = crate::api::transition(shared, key, instance, "ready").await {
+                    tracing::warn!(%key, %instance, ?e, "automatic READY failed");
+                }
+            }
+        }
+        ProbeSignal::ReadinessFailing => {
+            tracing::warn!(%key, %instance, "readiness failing: signing UNHEALTHY");
+            *reported_failing = true;
+            let _ = shared
+                .driver
+                .send(health(
+                    HealthStatus::Failing,
+                    TransitionReason::ReadinessFailed,
+                ))
+                .await;
+        }
+        ProbeSignal::ReadinessPassing if *reported_failing => {
+            tracing::info!(%key, %instance, "readiness recovered");
+            *reported_failing = false;
+            let _ = shared
+                .driver
+                .send(health(
+                    HealthStatus::Passing,
+                    TransitionReason::ReadinessRecovered,
+                ))
+                .await;
+        }
+        ProbeSignal::ReadinessPassing => {}
+        ProbeSignal::LivenessFailing => {
+            tracing::error!(%key, %instance, "liveness probe failing (reported only; shoal never restarts)");
+            metrics::counter!("shoal_liveness_failures_total").increment(1);
+        }
+        ProbeSignal::LivenessPassing => {
+            tracing::info!(%key, %instance, "liveness probe passing");
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! Lifecycle calls to the region authority, with per-attempt timeouts, leader redirects and
+//! jittered exponential backoff inside a total budget. Never called while a lock is held and
+//! never on a read path (invariant 6).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics::{counter, histogram};
+use shoal_proto::rpc::{AuthorityError, AuthorityOk, AuthorityRequestBody};
+use tokio::sync::oneshot;
+
+use crate::keys::Jitter;
+use crate::state::{DriverCmd, Shared};
+
+/// Why a lifecycle call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// No replica answered within the budget, or the region has no quorum (HTTP 503).
+    #[error("authority unavailable: {0}")]
+    Unavailable(String),
+    /// The rules refused the request (HTTP 409).
+    #[error("refused ({code}): {reason}")]
+    Refused {
+        /// Stable code.
+        code: String,
+        /// Reason.
+        reason: String,
+    },
+    /// The request was invalid (HTTP 400).
+    #[error("invalid: {0}")]
+    Invalid(String),
+}
+
+fn op_name(body: &AuthorityRequestBody) -> &'static str {
+    match body {
+        AuthorityRequestBody::Register { .. } => "register",
+        AuthorityRequestBody::Transition { .. } => "transition",
+        AuthorityRequestBody::GetPolicy { .. } => "get_policy",
+        AuthorityRequestBody::PutPolicy { .. } => "put_policy",
+        AuthorityRequestBody::Status => "status",
+    }
+}
+
+/// Calls the authority (or the in-process development authority).
+///
+/// # Errors
+/// [`CallError`]; the agent's status records the last unavailability for `/v1/agent/health`.
+pub async fn call(
+    shared: &Arc<Shared>,
+    body: AuthorityRequestBody,
+) -> Result<AuthorityOk, CallError> {
+    let op = op_name(&body);
+    let started = tokio::time::Instant::now();
+    let result = call_inner(shared, body).await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let label = match &result {
+        Ok(_) => "ok",
+        Err(CallError::Unavailable(_)) => "unavailable",
+        Err(CallError::Refused { .. }) => "refused",
+        Err(CallError::Invalid(_)) => "invalid",
+    };
+    if op != "status" {
+        histogram!("shoal_authority_rpc_seconds", "op" => op).record(elapsed);
+        counter!("shoal_authority_writes_total", "op" => op, "result" => label).increment(1);
+    }
+    let now = shared.now_ms();
+    let mut st = shared.status.lock().expect("status");
+    match &result {
+        Err(CallError::Unavailable(e)) => st.authority_error = Some(e.clone()),
+        _ => {
+            st.last_authority_ms = Some(now);
+            st.authority_error = None;
+        }
+    }
+    result
+}
+
+async fn call_inner(
+    shared: &Arc<Shared>,
+    body: AuthorityRequestBody,
+) -> Result<AuthorityOk, CallError> {
+    let cfg = &shared.cfg.raw.authority;
+    let mut targets: Vec<Option<std::net::SocketAddr>> = if cfg.dev {
+        vec![None]
+    } else {
+        cfg.addresses.iter().copied().map(Some).collect()
+    };
+    if targets.is_empty() {
+        return Err(CallError::Unavailable(
+            "no authority configured ([authority] addresses, or dev = true)".into(),
+        ));
+    }
+    let mut jitter = Jitter::new();
+    let start = jitter.upto(targets.len() as u64 - 1) as usize;
+    targets.rotate_left(start);
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(cfg.rpc_budget_ms);
+    let timeout = Duration::from_millis(cfg.rpc_timeout_ms);
+    let mut attempt: u32 = 0;
+    let mut last_error;
+    let mut redirect: Option<std::net::SocketAddr> = None;
+    loop {
+        let to = redirect
+            .take()
+            .map(Some)
+            .unwrap_or_else(|| targets[attempt as usize % targets.len()]);
+        let (tx, rx) = oneshot::channel();
+        let cmd = DriverCmd::Authority {
+            to,
+            body: body.clone(),
+            reply: tx,
+        };
+        if shared.driver.send(cmd).await.is_err() {
+            return Err(CallError::Unavailable("agent shutting down".into()));
+        }
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(Ok(ok))) => return Ok(ok),
+            Ok(Ok(Err(AuthorityError::Refused { code, reason }))) => {
+                return Err(CallError::Refused { code, reason })
+            }
+            Ok(Ok(Err(AuthorityError::Invalid(e)))) => return Err(CallError::Invalid(e)),
+            Ok(Ok(Err(AuthorityError::NotLeader { leader }))) => {
+                last_error = "not the leader".into();
+                redirect = leader.and_then(|l| l.parse().ok());
+            }
+            Ok(Ok(Err(AuthorityError::NoQuorum))) => {
+                last_error = "the region authority has no quorum (writes refused)".into();
+            }
+            Ok(Err(_)) => last_error = format!("{} unreachable", fmt_target(to)),
+            Err(_) => last_error = format!("{} timed out", fmt_target(to)),
+        }
+        attempt += 1;
+        counter!("shoal_reconnects_total", "what" => "authority").increment(1);
+        // Full jitter: uniform in [0, min(cap, base * 2^attempt)].
+        let ceiling = 50u64.saturating_mul(1 << attempt.min(10)).min(1_000);
+        let pause = Duration::from_millis(jitter.upto(ceiling));
+        if tokio::time::Instant::now() + pause >= deadline {
+            return Err(CallError::Unavailable(last_error));
+        }
+        tokio::time::sleep(pause).await;
+    }
+}
+
+fn fmt_target(to: Option<std::net::SocketAddr>) -> String {
+    to.map_or_else(|| "dev authority".to_owned(), |a| format!("authority {a}"))
+}

@@ -1,0 +1,631 @@
+//! The agent's configuration: one TOML file, validated at start, unknown fields refused.
+//!
+//! ```toml
+//! node_id = "node-1"
+//! region = "eu-west"
+//! zone = "eu-west-1a"
+//! data_dir = "/var/lib/shoal"
+//! listen = "10.0.0.1:7946"          # QUIC (UDP) for the mesh and the authority RPC
+//! socket = "/run/shoal/agent.sock"  # local API (HTTP/1.1 over a unix socket, mode 0660)
+//! metrics = "127.0.0.1:9464"        # Prometheus text on a loopback TCP port
+//! seeds = ["10.0.0.2:7946", "shoal-seed.internal:7946"]
+//!
+//! [tls]
+//! ca = "eu-west-ca.pem"
+//! cert = "eu-west-node-node-1.pem"
+//! key = "eu-west-node-node-1-key.pem"
+//!
+//! [trust]
+//! authority_keys = ["<64 hex chars>"]            # two during a key rotation
+//! node_keys = { "node-2" = "<64 hex chars>" }    # see docs/adr/0003-node-keys.md
+//!
+//! [authority]
+//! addresses = ["10.0.0.10:7946"]
+//! ```
+//!
+//! Common fields can be overridden from the environment (`SHOAL_NODE_ID`, `SHOAL_REGION`,
+//! `SHOAL_ZONE`, `SHOAL_DATA_DIR`, `SHOAL_LISTEN`, `SHOAL_SOCKET`, `SHOAL_METRICS`,
+//! `SHOAL_SEEDS` comma-separated) and from `shoal agent` flags, flags winning.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use shoal_mesh::MeshConfig;
+use shoal_proto::{NodeId, Region, VerifyingKey, Zone};
+
+use crate::probes::ProbeSpec;
+
+/// Default path of the local API socket.
+pub const DEFAULT_SOCKET: &str = "/run/shoal/agent.sock";
+
+/// Why the configuration was refused. The agent does not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The IO error.
+        source: std::io::Error,
+    },
+    /// The TOML does not parse or has unknown / mistyped fields.
+    #[error("config {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What toml said (names the field and line).
+        message: String,
+    },
+    /// A value is out of range or inconsistent.
+    #[error("config field `{field}`: {message}")]
+    Invalid {
+        /// Dotted field name.
+        field: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+fn invalid(field: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field,
+        message: message.into(),
+    }
+}
+
+/// The whole agent configuration (the TOML file's shape).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// This node's id; must match the node certificate's identity.
+    pub node_id: String,
+    /// This node's region; must match the certificate.
+    pub region: String,
+    /// This node's zone (pick prefers it).
+    pub zone: String,
+    /// Directory for the node key, boot counter and persisted snapshots.
+    pub data_dir: PathBuf,
+    /// UDP address for QUIC (mesh + authority RPC).
+    pub listen: SocketAddr,
+    /// Address announced to peers (default: `listen`).
+    #[serde(default)]
+    pub advertise: Option<SocketAddr>,
+    /// Unix socket of the local API.
+    #[serde(default = "default_socket")]
+    pub socket: PathBuf,
+    /// Loopback TCP address of `/metrics` (None: metrics not served).
+    #[serde(default)]
+    pub metrics: Option<SocketAddr>,
+    /// Seed addresses `host:port` (IP or DNS name, resolved at every join attempt).
+    #[serde(default)]
+    pub seeds: Vec<String>,
+    /// Expected region size, sizing SWIM defaults.
+    #[serde(default = "default_cluster_size")]
+    pub cluster_size: usize,
+    /// Certificates.
+    pub tls: TlsConfig,
+    /// Trusted keys.
+    #[serde(default)]
+    pub trust: TrustConfig,
+    /// Region authority.
+    #[serde(default)]
+    pub authority: AuthorityConfig,
+    /// SWIM and dissemination knobs.
+    #[serde(default)]
+    pub membership: MembershipKnobs,
+    /// Persistence.
+    #[serde(default)]
+    pub persist: PersistConfig,
+    /// Local API behaviour.
+    #[serde(default)]
+    pub api: ApiConfig,
+    /// Auto-join backoff.
+    #[serde(default)]
+    pub join: JoinConfig,
+    /// Health probe limits.
+    #[serde(default)]
+    pub probes: ProbesConfig,
+    /// Instances declared in the file (registered at start).
+    #[serde(default)]
+    pub instances: Vec<InstanceConfig>,
+}
+
+fn default_socket() -> PathBuf {
+    PathBuf::from(DEFAULT_SOCKET)
+}
+fn default_cluster_size() -> usize {
+    64
+}
+
+/// `[tls]`: PEM files (paths relative to the config file's directory).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// Region CA certificate.
+    pub ca: PathBuf,
+    /// This node's certificate.
+    pub cert: PathBuf,
+    /// This node's private key.
+    pub key: PathBuf,
+}
+
+/// `[trust]`: keys whose signatures this agent accepts.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrustConfig {
+    /// Authority public keys of this region (hex, 32 bytes); two during a rotation.
+    #[serde(default)]
+    pub authority_keys: Vec<String>,
+    /// Node public keys (hex) by node id, for health records (docs/adr/0003-node-keys.md).
+    #[serde(default)]
+    pub node_keys: BTreeMap<String, String>,
+    /// Trust the well-known, INSECURE development authority key of this region (for agents that
+    /// forward to a peer running `--dev-authority`).
+    #[serde(default)]
+    pub dev_authority: bool,
+}
+
+/// `[authority]`: where lifecycle requests go.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthorityConfig {
+    /// Authority replica addresses (`ip:port` of their QUIC endpoints).
+    #[serde(default)]
+    pub addresses: Vec<SocketAddr>,
+    /// Run the DEVELOPMENT authority in-process (INSECURE well-known key; never in production).
+    #[serde(default)]
+    pub dev: bool,
+    /// Timeout of one RPC attempt, ms.
+    #[serde(default = "default_rpc_timeout_ms")]
+    pub rpc_timeout_ms: u64,
+    /// Total budget of one lifecycle call across retries, ms.
+    #[serde(default = "default_rpc_budget_ms")]
+    pub rpc_budget_ms: u64,
+    /// Period of the status ping that measures "last authority contact", ms.
+    #[serde(default = "default_status_interval_ms")]
+    pub status_interval_ms: u64,
+    /// Lease given to registered instances, ms.
+    #[serde(default = "default_lease_ms")]
+    pub lease_ms: u32,
+}
+
+fn default_rpc_timeout_ms() -> u64 {
+    1_000
+}
+fn default_rpc_budget_ms() -> u64 {
+    5_000
+}
+fn default_status_interval_ms() -> u64 {
+    5_000
+}
+fn default_lease_ms() -> u32 {
+    300_000
+}
+
+impl Default for AuthorityConfig {
+    fn default() -> Self {
+        Self {
+            addresses: Vec::new(),
+            dev: false,
+            rpc_timeout_ms: default_rpc_timeout_ms(),
+            rpc_budget_ms: default_rpc_budget_ms(),
+            status_interval_ms: default_status_interval_ms(),
+            lease_ms: default_lease_ms(),
+        }
+    }
+}
+
+/// `[membership]`: overrides of the SWIM / dissemination defaults (ms). Unset = tuned default.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MembershipKnobs {
+    /// SWIM probe period.
+    pub probe_period_ms: Option<u64>,
+    /// SWIM direct-ack wait.
+    pub probe_rtt_ms: Option<u64>,
+    /// Suspicion window.
+    pub suspect_to_down_after_ms: Option<u64>,
+    /// Gossip period.
+    pub periodic_gossip_ms: Option<u64>,
+    /// Join retry while not connected.
+    pub join_retry_ms: Option<u64>,
+    /// Anti-entropy period.
+    pub anti_entropy_interval_ms: Option<u64>,
+}
+
+/// `[persist]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PersistConfig {
+    /// Snapshot period, ms.
+    #[serde(default = "default_persist_ms")]
+    pub interval_ms: u64,
+}
+
+fn default_persist_ms() -> u64 {
+    10_000
+}
+
+impl Default for PersistConfig {
+    fn default() -> Self {
+        Self {
+            interval_ms: default_persist_ms(),
+        }
+    }
+}
+
+/// `[api]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiConfig {
+    /// Past this long without authority contact or mesh peers, answers carry `stale: true`.
+    #[serde(default = "default_staleness_ms")]
+    pub staleness_budget_ms: u64,
+    /// Upper bound of a blocking query's wait, ms.
+    #[serde(default = "default_max_wait_ms")]
+    pub max_wait_ms: u64,
+    /// Default local ejection after a failure report, ms.
+    #[serde(default = "default_eject_ms")]
+    pub eject_ms: u64,
+}
+
+fn default_staleness_ms() -> u64 {
+    30_000
+}
+fn default_max_wait_ms() -> u64 {
+    300_000
+}
+fn default_eject_ms() -> u64 {
+    30_000
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        Self {
+            staleness_budget_ms: default_staleness_ms(),
+            max_wait_ms: default_max_wait_ms(),
+            eject_ms: default_eject_ms(),
+        }
+    }
+}
+
+/// `[join]`: exponential backoff with full jitter until the membership is active.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinConfig {
+    /// First backoff ceiling, ms.
+    #[serde(default = "default_join_base_ms")]
+    pub base_ms: u64,
+    /// Backoff ceiling cap, ms.
+    #[serde(default = "default_join_max_ms")]
+    pub max_ms: u64,
+}
+
+fn default_join_base_ms() -> u64 {
+    500
+}
+fn default_join_max_ms() -> u64 {
+    30_000
+}
+
+impl Default for JoinConfig {
+    fn default() -> Self {
+        Self {
+            base_ms: default_join_base_ms(),
+            max_ms: default_join_max_ms(),
+        }
+    }
+}
+
+/// `[probes]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbesConfig {
+    /// Probes running at once on this node (capacity protection).
+    #[serde(default = "default_probe_concurrency")]
+    pub max_concurrent: usize,
+}
+
+fn default_probe_concurrency() -> usize {
+    16
+}
+
+impl Default for ProbesConfig {
+    fn default() -> Self {
+        Self {
+            max_concurrent: default_probe_concurrency(),
+        }
+    }
+}
+
+/// `[[instances]]`: an instance of this node registered at start.
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstanceConfig {
+    /// `namespace/service/port`.
+    pub service: String,
+    /// Stable instance id.
+    pub instance: String,
+    /// `ip:port`.
+    pub address: SocketAddr,
+    /// Version string.
+    #[serde(default = "default_version")]
+    pub version: String,
+    /// Weight 1..=10000.
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+    /// Zone (default: the node's).
+    #[serde(default)]
+    pub zone: Option<String>,
+    /// Labels by predefined dimension.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Probes.
+    #[serde(default)]
+    pub probes: crate::probes::ProbeSet,
+}
+
+/// Default version string of an instance.
+pub fn default_version() -> String {
+    "0.0.0".into()
+}
+/// Default weight of an instance.
+pub fn default_weight() -> u32 {
+    100
+}
+
+/// Command-line / environment overrides of common fields.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// Node id.
+    pub node_id: Option<String>,
+    /// Region.
+    pub region: Option<String>,
+    /// Zone.
+    pub zone: Option<String>,
+    /// Data dir.
+    pub data_dir: Option<PathBuf>,
+    /// QUIC listen address.
+    pub listen: Option<SocketAddr>,
+    /// API socket.
+    pub socket: Option<PathBuf>,
+    /// Metrics address.
+    pub metrics: Option<SocketAddr>,
+    /// Seeds (replace the file's).
+    pub seeds: Option<Vec<String>>,
+    /// Run the development authority.
+    pub dev_authority: bool,
+}
+
+impl Overrides {
+    /// Reads `SHOAL_*` variables; `self`'s values (flags) win over them.
+    ///
+    /// # Errors
+    /// A variable that does not parse.
+    pub fn with_env(mut self) -> Result<Self, ConfigError> {
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        self.node_id = self.node_id.or_else(|| env("SHOAL_NODE_ID"));
+        self.region = self.region.or_else(|| env("SHOAL_REGION"));
+        self.zone = self.zone.or_else(|| env("SHOAL_ZONE"));
+        self.data_dir = self
+            .data_dir
+            .or_else(|| env("SHOAL_DATA_DIR").map(PathBuf::from));
+        self.socket = self
+            .socket
+            .or_else(|| env("SHOAL_SOCKET").map(PathBuf::from));
+        if self.listen.is_none() {
+            if let Some(v) = env("SHOAL_LISTEN") {
+                self.listen = Some(
+                    v.parse()
+                        .map_err(|_| invalid("SHOAL_LISTEN", format!("`{v}` is not ip:port")))?,
+                );
+            }
+        }
+        if self.metrics.is_none() {
+            if let Some(v) = env("SHOAL_METRICS") {
+                self.metrics = Some(
+                    v.parse()
+                        .map_err(|_| invalid("SHOAL_METRICS", format!("`{v}` is not ip:port")))?,
+                );
+            }
+        }
+        if self.seeds.is_none() {
+            self.seeds = env("SHOAL_SEEDS").map(|v| {
+                v.split(',')
+                    .map(|s| s.trim().to_owned())
+                    .collect::<Vec<_>>()
+            });
+        }
+        Ok(self)
+    }
+}
+
+/// A validated configuration with parsed identifiers and keys.
+#[derive(Debug, Clone)]
+pub struct Validated {
+    /// The raw configuration (paths made absolute).
+    pub raw: AgentConfig,
+    /// Node id.
+    pub node_id: NodeId,
+    /// Region.
+    pub region: Region,
+    /// Zone.
+    pub zone: Zone,
+    /// Trusted authority keys.
+    pub authority_keys: Vec<VerifyingKey>,
+    /// Trusted node keys.
+    pub node_keys: Vec<(NodeId, VerifyingKey)>,
+    /// Mesh tuning after overrides.
+    pub mesh: MeshConfig,
+}
+
+/// Loads, overrides and validates.
+///
+/// # Errors
+/// [`ConfigError`] naming the file, field and problem.
+pub fn load(path: &Path, overrides: Overrides) -> Result<Validated, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let mut raw: AgentConfig = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        path: path.to_owned(),
+        message: e.to_string(),
+    })?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    for p in [&mut raw.tls.ca, &mut raw.tls.cert, &mut raw.tls.key] {
+        if p.is_relative() {
+            *p = base.join(&*p);
+        }
+    }
+    if raw.data_dir.is_relative() {
+        raw.data_dir = base.join(&raw.data_dir);
+    }
+    apply_overrides(&mut raw, overrides);
+    validate(raw)
+}
+
+fn apply_overrides(raw: &mut AgentConfig, o: Overrides) {
+    if let Some(v) = o.node_id {
+        raw.node_id = v;
+    }
+    if let Some(v) = o.region {
+        raw.region = v;
+    }
+    if let Some(v) = o.zone {
+        raw.zone = v;
+    }
+    if let Some(v) = o.data_dir {
+        raw.data_dir = v;
+    }
+    if let Some(v) = o.listen {
+        raw.listen = v;
+    }
+    if let Some(v) = o.socket {
+        raw.socket = v;
+    }
+    if let Some(v) = o.metrics {
+        raw.metrics = Some(v);
+    }
+    if let Some(v) = o.seeds {
+        raw.seeds = v;
+    }
+    if o.dev_authority {
+        raw.authority.dev = true;
+    }
+}
+
+/// Parses a 32-byte hex public key.
+///
+/// # Errors
+/// A message when the hex or the key is invalid.
+pub fn parse_key_hex(s: &str) -> Result<VerifyingKey, String> {
+    let bytes = crate::keys::from_hex(s.trim()).ok_or_else(|| "not hex".to_owned())?;
+    let arr: [u8; 32] = bytes
+        .try_into()
+        .map_err(|_| "must be 32 bytes (64 hex characters)".to_owned())?;
+    VerifyingKey::from_bytes(arr).map_err(|e| e.to_string())
+}
+
+/// Validates a parsed configuration.
+///
+/// # Errors
+/// [`ConfigError::Invalid`] for the first bad field.
+pub fn validate(raw: AgentConfig) -> Result<Validated, ConfigError> {
+    let node_id =
+        NodeId::new(raw.node_id.clone()).map_err(|e| invalid("node_id", e.to_string()))?;
+    let region = Region::new(raw.region.clone()).map_err(|e| invalid("region", e.to_string()))?;
+    let zone = Zone::new(raw.zone.clone()).map_err(|e| invalid("zone", e.to_string()))?;
+    if raw.listen.port() == 0 && raw.advertise.is_none() {
+        return Err(invalid("listen", "port 0 needs `advertise`"));
+    }
+    if let Some(m) = raw.metrics {
+        if !m.ip().is_loopback() {
+            return Err(invalid("metrics", "must be a loopback address"));
+        }
+    }
+    let mut authority_keys = Vec::new();
+    for k in &raw.trust.authority_keys {
+        authority_keys.push(parse_key_hex(k).map_err(|e| invalid("trust.authority_keys", e))?);
+    }
+    let mut node_keys = Vec::new();
+    for (n, k) in &raw.trust.node_keys {
+        let node = NodeId::new(n.clone()).map_err(|e| invalid("trust.node_keys", e.to_string()))?;
+        node_keys.push((
+            node,
+            parse_key_hex(k).map_err(|e| invalid("trust.node_keys", e))?,
+        ));
+    }
+    if !raw.authority.dev && raw.authority.addresses.is_empty() {
+        tracing::warn!("no [authority] addresses and no dev authority: lifecycle calls will fail");
+    }
+    if raw.authority.rpc_timeout_ms == 0
+        || raw.authority.rpc_budget_ms < raw.authority.rpc_timeout_ms
+    {
+        return Err(invalid(
+            "authority.rpc_budget_ms",
+            "rpc_timeout_ms must be > 0 and <= rpc_budget_ms",
+        ));
+    }
+    if raw.join.base_ms == 0 || raw.join.max_ms < raw.join.base_ms {
+        return Err(invalid("join", "need 0 < base_ms <= max_ms"));
+    }
+    if raw.persist.interval_ms < 100 {
+        return Err(invalid("persist.interval_ms", "must be >= 100"));
+    }
+    if raw.probes.max_concurrent == 0 {
+        return Err(invalid("probes.max_concurrent", "must be >= 1"));
+    }
+    if raw.cluster_size == 0 {
+        return Err(invalid("cluster_size", "must be >= 1"));
+    }
+    for inst in &raw.instances {
+        inst.probes
+            .validate()
+            .map_err(|e| invalid("instances.probes", e))?;
+    }
+    let mesh = mesh_config(&raw)?;
+    Ok(Validated {
+        node_id,
+        region,
+        zone,
+        authority_keys,
+        node_keys,
+        mesh,
+        raw,
+    })
+}
+
+fn mesh_config(raw: &AgentConfig) -> Result<MeshConfig, ConfigError> {
+    let mut mesh = MeshConfig::for_cluster_size(raw.cluster_size);
+    let k = &raw.membership;
+    let m = &mut mesh.membership;
+    if let Some(v) = k.probe_period_ms {
+        m.probe_period_ms = v;
+    }
+    if let Some(v) = k.probe_rtt_ms {
+        m.probe_rtt_ms = v;
+    }
+    if let Some(v) = k.suspect_to_down_after_ms {
+        m.suspect_to_down_after_ms = v;
+    }
+    if let Some(v) = k.periodic_gossip_ms {
+        m.periodic_gossip_ms = v;
+    }
+    if let Some(v) = k.join_retry_ms {
+        m.join_retry_ms = v;
+    }
+    if let Some(v) = k.anti_entropy_interval_ms {
+        mesh.anti_entropy_interval_ms = v.max(1);
+    }
+    mesh.membership
+        .validate()
+        .map_err(|e| invalid("membership", e.to_string()))?;
+    Ok(mesh)
+}
+
+/// `ProbeSpec` re-exported for config users.
+pub type Probe = ProbeSpec;

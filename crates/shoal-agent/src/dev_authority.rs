@@ -1,0 +1,174 @@
+//! The **development** authority: the pure rules of `shoal-authority` ([`AuthorityState::apply`])
+//! run in-process with a well-known, INSECURE region key, so a single node or an all-dev
+//! cluster works before the real (Raft-replicated) authority is deployed. Its state is persisted
+//! in the data directory so revisions and generations keep growing across restarts.
+//!
+//! Never use it in production: anyone can derive the key from the region name.
+
+use std::path::PathBuf;
+
+use shoal_authority::{ApplyContext, AuthorityCommand, AuthorityState, Caller, Refusal};
+use shoal_proto::rpc::{AuthorityError, AuthorityOk, AuthorityRequestBody, AuthorityStatus};
+use shoal_proto::{NodeId, Region, SignedLifecycle, SigningKey};
+
+use crate::keys::write_atomic;
+
+/// File name of the persisted dev authority state.
+pub const DEV_STATE_FILE: &str = "dev-authority.state";
+
+/// The well-known development key of `region` (INSECURE by construction).
+pub fn dev_key(region: &Region) -> SigningKey {
+    let mut seed = *b"shoal-INSECURE-dev-authority-key";
+    for (i, b) in region.as_str().bytes().enumerate() {
+        seed[i % 32] ^= b.rotate_left((i / 32) as u32);
+    }
+    SigningKey::from_seed(seed)
+}
+
+/// The in-process development authority.
+pub struct DevAuthority {
+    state: AuthorityState,
+    key: SigningKey,
+    node: NodeId,
+    path: PathBuf,
+}
+
+/// A stable code for a refusal (`AuthorityError::Refused::code`).
+pub fn refusal_code(r: &Refusal) -> &'static str {
+    match r {
+        Refusal::NotOwner { .. } => "not_owner",
+        Refusal::UnknownInstance => "unknown_instance",
+        Refusal::StaleGeneration { .. } => "stale_generation",
+        Refusal::UnknownGeneration { .. } => "unknown_generation",
+        Refusal::IllegalTransition { .. } => "illegal_transition",
+        Refusal::AlreadyInState(_) => "already_in_state",
+        Refusal::Expired => "expired",
+        Refusal::InvalidRequest(_) => "invalid_request",
+        Refusal::NotAllowed => "not_allowed",
+        Refusal::CapacityExhausted { .. } => "capacity_exhausted",
+    }
+}
+
+impl DevAuthority {
+    /// Loads the persisted state from `data_dir` (a corrupt file is logged and replaced).
+    pub fn open(region: Region, node: NodeId, data_dir: &std::path::Path) -> Self {
+        let path = data_dir.join(DEV_STATE_FILE);
+        let state = match std::fs::read(&path) {
+            Ok(b) => match AuthorityState::decode(&b) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(error = %e, "DEV AUTHORITY state corrupt; starting empty");
+                    AuthorityState::new(region.clone())
+                }
+            },
+            Err(_) => AuthorityState::new(region.clone()),
+        };
+        Self {
+            key: dev_key(&region),
+            state,
+            node,
+            path,
+        }
+    }
+
+    /// The public key peers must trust (`[trust] dev_authority = true` does it).
+    pub fn verifying_key(&self) -> shoal_proto::VerifyingKey {
+        self.key.verifying_key()
+    }
+
+    /// Handles one request from `caller`. Committed records must be published to the mesh by
+    /// the caller of this function.
+    pub fn handle(
+        &mut self,
+        caller: NodeId,
+        body: AuthorityRequestBody,
+    ) -> Result<AuthorityOk, AuthorityError> {
+        let caller = Caller::Node(caller);
+        let cmd = match body {
+            AuthorityRequestBody::Register {
+                key,
+                instance,
+                on_node,
+                endpoint,
+                lease_ms,
+            } => AuthorityCommand::Register {
+                caller,
+                key,
+                instance,
+                on_node,
+                endpoint,
+                lease_ms,
+            },
+            AuthorityRequestBody::Transition {
+                key,
+                instance,
+                generation,
+                to,
+                reason,
+            } => AuthorityCommand::Transition {
+                caller,
+                key,
+                instance,
+                generation,
+                to,
+                reason,
+            },
+            AuthorityRequestBody::GetPolicy { key } => {
+                return Ok(AuthorityOk::Policy(self.state.policy(&key).cloned()))
+            }
+            AuthorityRequestBody::PutPolicy { key, policy } => AuthorityCommand::PutPolicy {
+                caller,
+                key,
+                policy,
+            },
+            AuthorityRequestBody::Status => {
+                return Ok(AuthorityOk::Status(AuthorityStatus {
+                    node: self.node.clone(),
+                    leader: Some(self.node.clone()),
+                    term: 0,
+                    applied_index: self.state.last_applied_index(),
+                    revision: self.state.head_revision(),
+                    members: vec![self.node.clone()],
+                }))
+            }
+        };
+        let retried = match &cmd {
+            AuthorityCommand::Transition { key, instance, .. } => {
+                Some((key.clone(), instance.clone()))
+            }
+            _ => None,
+        };
+        let committed_at_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let ctx = ApplyContext {
+            log_index: self.state.last_applied_index() + 1,
+            committed_at_ms,
+            signing_key: &self.key,
+        };
+        let result = self.state.apply(cmd, ctx);
+        self.save();
+        match result {
+            Ok(records) => Ok(AuthorityOk::Committed { records }),
+            Err(Refusal::AlreadyInState(_)) => {
+                // Idempotent retry: answer with the current record.
+                let current: Vec<SignedLifecycle> = retried
+                    .and_then(|(k, i)| self.state.binding(&k, &i).map(|b| b.current().clone()))
+                    .into_iter()
+                    .collect();
+                Ok(AuthorityOk::Committed { records: current })
+            }
+            Err(r) => Err(AuthorityError::Refused {
+                code: refusal_code(&r).to_owned(),
+                reason: r.to_string(),
+            }),
+        }
+    }
+
+    fn save(&self) {
+        if let Err(e) = write_atomic(&self.path, &self.state.encode(), 0o600) {
+            tracing::warn!(error = %e, "DEV AUTHORITY: cannot persist state");
+        }
+    }
+}

@@ -1,0 +1,438 @@
+//! The driver: one tokio task feeds the sans-IO [`Mesh`] and drains its outputs.
+//!
+//! Inputs, each followed by draining `poll_transmit` / `poll_timer` / `poll_event`:
+//! * transport inbound: datagrams -> `handle_datagram`; stream messages -> `handle_stream_message`,
+//!   except authority RPC kinds, which the agent handles itself;
+//! * timers: `(deadline_ms, token)` pairs kept in a `BTreeMap` keyed by deadline, woken with
+//!   `sleep_until` (tokio's clock: tests can pause and advance it);
+//! * [`DriverCmd`]s from the API, probes and the join task.
+//!
+//! Monotonic ms are measured from a `tokio::time::Instant` origin taken at start.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use metrics::{counter, gauge, histogram};
+use shoal_catalog::snapshot::{self, Snapshot, SnapshotScope};
+use shoal_catalog::view::is_routable;
+use shoal_mesh::{Channel, Command, MembershipEvent, MeshEvent, MeshTimer};
+use shoal_proto::envelope::{self, MessageKind, MAX_STREAM_MESSAGE_BYTES};
+use shoal_proto::rpc::{AuthorityError, AuthorityOk, AuthorityReply, AuthorityRequest};
+use shoal_proto::{HealthStatus, LifecycleState};
+use shoal_transport::transport::{Channel as TChannel, Inbound, Transport};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use crate::dev_authority::DevAuthority;
+use crate::persist::{self, PersistedMember};
+use crate::state::{DriverCmd, Shared};
+
+/// Most authority RPCs in flight; more are refused at once.
+pub const MAX_PENDING_RPCS: usize = 1_024;
+
+type Pending = HashMap<u64, (u64, oneshot::Sender<Result<AuthorityOk, AuthorityError>>)>;
+
+/// The driver task's state.
+pub struct Driver {
+    shared: Arc<Shared>,
+    transport: Transport,
+    inbound: mpsc::Receiver<Inbound>,
+    cmds: mpsc::Receiver<DriverCmd>,
+    timers: BTreeMap<(u64, u64), MeshTimer>,
+    timer_seq: u64,
+    dev: Option<DevAuthority>,
+    pending: Pending,
+    next_request_id: u64,
+    persist_failed_logged: bool,
+    join_wanted: tokio::sync::watch::Sender<u64>,
+}
+
+impl Driver {
+    /// Builds the driver. `join_wanted` is bumped whenever the membership goes idle so the
+    /// join task starts a new backoff series.
+    pub fn new(
+        shared: Arc<Shared>,
+        transport: Transport,
+        inbound: mpsc::Receiver<Inbound>,
+        cmds: mpsc::Receiver<DriverCmd>,
+        dev: Option<DevAuthority>,
+        join_wanted: tokio::sync::watch::Sender<u64>,
+    ) -> Self {
+        Self {
+            shared,
+            transport,
+            inbound,
+            cmds,
+            timers: BTreeMap::new(),
+            timer_seq: 0,
+            dev,
+            pending: HashMap::new(),
+            next_request_id: crate::keys::random_u64() >> 16,
+            persist_failed_logged: false,
+            join_wanted,
+        }
+    }
+
+    /// Runs until `shutdown` resolves, then leaves gracefully, persists and closes.
+    pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let now = self.shared.now_ms();
+        self.with_mesh(|m| m.start(now));
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        let persist_every = Duration::from_millis(self.shared.cfg.raw.persist.interval_ms);
+        let mut persist = tokio::time::interval_at(Instant::now() + persist_every, persist_every);
+        loop {
+            let next_timer = self.timers.keys().next().map(|(at, _)| *at);
+            let sleep_to = next_timer.map_or_else(
+                || Instant::now() + Duration::from_secs(3600),
+                |at| self.shared.origin + Duration::from_millis(at),
+            );
+            tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                Some(msg) = self.inbound.recv() => self.on_inbound(msg),
+                Some(cmd) = self.cmds.recv() => self.on_cmd(cmd),
+                () = tokio::time::sleep_until(sleep_to), if next_timer.is_some() => self.fire_timers(),
+                _ = tick.tick() => self.on_tick(),
+                _ = persist.tick() => self.persist(),
+            }
+        }
+        self.shutdown().await;
+    }
+
+    fn with_mesh<R>(
+        &mut self,
+        f: impl FnOnce(&mut shoal_mesh::Mesh<shoal_catalog::Keyring>) -> R,
+    ) -> R {
+        let (r, transmits, timers, events) = {
+            let mut mesh = self.shared.mesh.write().expect("mesh lock");
+            let r = f(&mut mesh);
+            let mut transmits = Vec::new();
+            while let Some(t) = mesh.poll_transmit() {
+                transmits.push(t);
+            }
+            let mut timers = Vec::new();
+            while let Some(t) = mesh.poll_timer() {
+                timers.push(t);
+            }
+            let mut events = Vec::new();
+            while let Some(e) = mesh.poll_event() {
+                events.push(e);
+            }
+            (r, transmits, timers, events)
+        };
+        for t in transmits {
+            let _ = match t.channel {
+                Channel::Datagram => self.transport.send_datagram(t.to, t.bytes),
+                Channel::Stream => self.transport.send_stream_message(t.to, t.bytes),
+            };
+        }
+        for (at, token) in timers {
+            self.timer_seq += 1;
+            self.timers.insert((at, self.timer_seq), token);
+        }
+        for e in events {
+            self.on_event(e);
+        }
+        r
+    }
+
+    fn fire_timers(&mut self) {
+        let now = self.shared.now_ms();
+        while let Some(entry) = self.timers.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let token = entry.remove();
+            self.with_mesh(|m| m.handle_timer(now, token));
+        }
+    }
+
+    fn on_inbound(&mut self, msg: Inbound) {
+        let now = self.shared.now_ms();
+        match msg.channel {
+            TChannel::Datagram => self.with_mesh(|m| m.handle_datagram(now, msg.from, &msg.bytes)),
+            TChannel::Stream => match envelope::decode_header(&msg.bytes, MAX_STREAM_MESSAGE_BYTES)
+            {
+                Ok((MessageKind::AuthorityRequest, _)) => self.on_authority_request(msg),
+                Ok((MessageKind::AuthorityReply, _)) => self.on_authority_reply(&msg.bytes),
+                _ => self.with_mesh(|m| m.handle_stream_message(now, msg.from, &msg.bytes)),
+            },
+        }
+    }
+
+    fn on_authority_request(&mut self, msg: Inbound) {
+        let req: AuthorityRequest = match envelope::decode(
+            &msg.bytes,
+            MessageKind::AuthorityRequest,
+            MAX_STREAM_MESSAGE_BYTES,
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                crate::metrics::rejected("authority_rpc", e.as_label());
+                return;
+            }
+        };
+        let result = match self.dev.as_mut() {
+            Some(dev) => dev.handle(msg.peer.node_id.clone(), req.body),
+            None => Err(AuthorityError::NotLeader { leader: None }),
+        };
+        if let Ok(AuthorityOk::Committed { records }) = &result {
+            let lifecycle = records.iter().cloned().map(Arc::new).collect();
+            let now = self.shared.now_ms();
+            self.with_mesh(|m| m.handle_command(now, Command::Publish { lifecycle }));
+        }
+        let reply = AuthorityReply {
+            request_id: req.request_id,
+            result,
+        };
+        if let Ok(bytes) = envelope::encode(
+            MessageKind::AuthorityReply,
+            &reply,
+            MAX_STREAM_MESSAGE_BYTES,
+        ) {
+            let _ = self.transport.send_stream_message(msg.from, bytes);
+        }
+    }
+
+    fn on_authority_reply(&mut self, bytes: &[u8]) {
+        let reply: AuthorityReply =
+            match envelope::decode(bytes, MessageKind::AuthorityReply, MAX_STREAM_MESSAGE_BYTES) {
+                Ok(r) => r,
+                Err(e) => {
+                    crate::metrics::rejected("authority_rpc", e.as_label());
+                    return;
+                }
+            };
+        match self.pending.remove(&reply.request_id) {
+            Some((_, tx)) => {
+                let _ = tx.send(reply.result);
+            }
+            None => crate::metrics::rejected("authority_rpc", "unknown_request_id"),
+        }
+    }
+
+    fn on_cmd(&mut self, cmd: DriverCmd) {
+        let now = self.shared.now_ms();
+        match cmd {
+            DriverCmd::Mesh(c) => self.with_mesh(|m| m.handle_command(now, c)),
+            DriverCmd::Join(seeds) => {
+                if !seeds.is_empty() {
+                    self.with_mesh(|m| m.handle_command(now, Command::Join { seeds }));
+                }
+            }
+            DriverCmd::PersistNow => self.persist(),
+            DriverCmd::Authority { to, body, reply } => match (to, self.dev.as_mut()) {
+                (None, Some(dev)) => {
+                    let result = dev.handle(self.shared.cfg.node_id.clone(), body);
+                    let _ = reply.send(result);
+                }
+                (None, None) => {
+                    let _ = reply.send(Err(AuthorityError::Invalid(
+                        "no authority configured".into(),
+                    )));
+                }
+                (Some(addr), _) => self.send_rpc(addr, body, reply, now),
+            },
+        }
+    }
+
+    fn send_rpc(
+        &mut self,
+        addr: SocketAddr,
+        body: shoal_proto::rpc::AuthorityRequestBody,
+        reply: oneshot::Sender<Result<AuthorityOk, AuthorityError>>,
+        now: u64,
+    ) {
+        if self.pending.len() >= MAX_PENDING_RPCS {
+            crate::metrics::rejected("authority_rpc", "too_many_pending");
+            return; // the caller's oneshot closes: it sees "unreachable"
+        }
+        self.next_request_id = self.next_request_id.wrapping_add(1);
+        let request_id = self.next_request_id;
+        let req = AuthorityRequest { request_id, body };
+        // On any failure the reply sender is dropped: the caller sees "unreachable".
+        if let Ok(bytes) = envelope::encode(
+            MessageKind::AuthorityRequest,
+            &req,
+            MAX_STREAM_MESSAGE_BYTES,
+        ) {
+            if self.transport.send_stream_message(addr, bytes).is_ok() {
+                self.pending.insert(request_id, (now, reply));
+            }
+        }
+    }
+
+    fn on_event(&mut self, e: MeshEvent) {
+        let shared = self.shared.clone();
+        let now = shared.now_ms();
+        match e {
+            MeshEvent::Membership(m) => {
+                match &m {
+                    MembershipEvent::Up(id) => {
+                        tracing::info!(node = %id.node, addr = %id.addr, boot = id.boot.0, "member up");
+                        shared.status.lock().expect("status").last_peer_ms = Some(now);
+                    }
+                    MembershipEvent::Down(id) => {
+                        tracing::info!(node = %id.node, addr = %id.addr, boot = id.boot.0, "member down");
+                    }
+                    MembershipEvent::Active => {
+                        tracing::info!("membership active");
+                        let mut st = shared.status.lock().expect("status");
+                        st.active = true;
+                        st.last_peer_ms = Some(now);
+                    }
+                    MembershipEvent::Idle => {
+                        tracing::warn!("membership idle: no live peer; rejoining");
+                        shared.status.lock().expect("status").active = false;
+                        counter!("shoal_reconnects_total", "what" => "mesh").increment(1);
+                        self.join_wanted.send_modify(|v| *v += 1);
+                    }
+                    MembershipEvent::Rejoined { old, new } => {
+                        tracing::warn!(
+                            old = old.boot.0,
+                            new = new.boot.0,
+                            "declared down; rejoined"
+                        );
+                        counter!("shoal_reconnects_total", "what" => "rejoin").increment(1);
+                    }
+                    MembershipEvent::Defunct => tracing::info!("left the mesh"),
+                }
+                shared.bump_index();
+            }
+            MeshEvent::LifecycleApplied(rec) => {
+                let r = &rec.record;
+                let lag_ms = SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map(|d| d.as_millis() as u64)
+                    .unwrap_or(0)
+                    .saturating_sub(r.committed_at_ms);
+                histogram!("shoal_watch_lag_seconds").record(lag_ms as f64 / 1000.0);
+                counter!("shoal_lifecycle_transitions_total", "to" => r.state.as_str())
+                    .increment(1);
+                shared.bump_index();
+            }
+            MeshEvent::HealthApplied(h) => {
+                if h.record.status == HealthStatus::Failing {
+                    counter!("shoal_health_flaps_total").increment(1);
+                }
+                shared.bump_index();
+            }
+            MeshEvent::SnapshotInstalled { records } => {
+                tracing::info!(records, "full snapshot installed");
+                shared.bump_index();
+            }
+            MeshEvent::Refused(r) => {
+                tracing::debug!(?r, "mesh refused a command");
+                crate::metrics::rejected("mesh_command", "refused");
+            }
+        }
+    }
+
+    fn on_tick(&mut self) {
+        let shared = self.shared.clone();
+        let now = shared.now_ms();
+        // Expired ejections change views.
+        let expired = {
+            let mut ej = shared.ejections.lock().expect("ejections");
+            let before = ej.len();
+            ej.retain(|_, until| *until > now);
+            before != ej.len()
+        };
+        if expired {
+            shared.bump_index();
+        }
+        // Expired RPCs.
+        let timeout = shared.cfg.raw.authority.rpc_timeout_ms;
+        self.pending
+            .retain(|_, (at, _)| now.saturating_sub(*at) <= timeout * 2);
+        let tc = self.transport.counters();
+        let mesh = shared.mesh.read().expect("mesh lock");
+        if mesh.membership().num_members() > 0 {
+            shared.status.lock().expect("status").last_peer_ms = Some(now);
+        }
+        if self.dev.is_some() {
+            shared.status.lock().expect("status").last_authority_ms = Some(now);
+        }
+        crate::metrics::export_counters(&mesh, &tc);
+        let liveness = mesh.liveness();
+        for key in mesh.catalog().service_keys() {
+            let ready = mesh.catalog().service(key).map_or(0, |s| {
+                s.instances
+                    .values()
+                    .filter(|e| is_routable(e, &liveness))
+                    .count()
+            });
+            gauge!("shoal_ready_endpoints", "service" => key.to_string()).set(ready as f64);
+        }
+        drop(mesh);
+        gauge!("shoal_snapshot_age_seconds").set(shared.snapshot_age_ms() as f64 / 1000.0);
+        if let Some(age) = shared.authority_age_ms() {
+            gauge!("shoal_authority_contact_age_seconds").set(age as f64 / 1000.0);
+        }
+        gauge!("shoal_view_stale").set(if shared.is_stale() { 1.0 } else { 0.0 });
+    }
+
+    fn persist(&mut self) {
+        let shared = self.shared.clone();
+        let (bytes, members) = {
+            let mesh = shared.mesh.read().expect("mesh lock");
+            let snap = Snapshot::of(
+                mesh.catalog(),
+                SnapshotScope::Catalog,
+                shared.cfg.region.clone(),
+            );
+            let members: Vec<PersistedMember> = mesh
+                .membership()
+                .members()
+                .map(|m| PersistedMember {
+                    node: m.node.to_string(),
+                    addr: m.addr,
+                })
+                .collect();
+            (snapshot::encode(&snap), members)
+        };
+        let dir = &shared.cfg.raw.data_dir;
+        let result = persist::write_snapshot(dir, &bytes).and_then(|()| {
+            if members.is_empty() {
+                Ok(()) // keep the last known live members as join hints
+            } else {
+                persist::write_members(dir, &members)
+            }
+        });
+        let mut st = shared.status.lock().expect("status");
+        match result {
+            Ok(()) => {
+                counter!("shoal_persist_total", "result" => "ok").increment(1);
+                st.persisted_at = Some(SystemTime::now());
+                st.persist_error = None;
+                self.persist_failed_logged = false;
+            }
+            Err(e) => {
+                counter!("shoal_persist_total", "result" => "error").increment(1);
+                if !self.persist_failed_logged {
+                    tracing::error!(error = %e, dir = %dir.display(), "cannot persist snapshot; still serving");
+                    self.persist_failed_logged = true;
+                }
+                st.persist_error = Some(e.to_string());
+            }
+        }
+    }
+
+    async fn shutdown(mut self) {
+        tracing::info!("shutting down: leaving the mesh");
+        let now = self.shared.now_ms();
+        self.with_mesh(|m| m.handle_command(now, Command::Leave));
+        self.persist();
+        // Give the leave datagrams a moment to go out.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        self.transport.shutdown().await;
+    }
+}
+
+/// True when a lifecycle state may take traffic (for metrics of removed endpoints).
+pub fn is_withdrawn(state: LifecycleState) -> bool {
+    matches!(state, LifecycleState::Draining | LifecycleState::Expired)
+}

@@ -1,0 +1,26 @@
+//! # shoal-agent
+//!
+//! The node agent daemon: a tokio driver around the sans-IO [`shoal_mesh::Mesh`], mutual-TLS
+//! QUIC transport (`shoal-transport`), auto-join with jittered backoff, a local HTTP/1.1 + JSON
+//! API on a unix socket, health probes of local instances, atomic snapshot persistence,
+//! Prometheus metrics, and a clearly-marked development authority.
+//!
+//! Modules, in boot order: [`config`] (TOML, validated), [`keys`] (data dir: node key, boot
+//! generation), [`persist`] (snapshots), [`agent`] (boot and tasks), [`driver`] (the one task
+//! that owns the mesh), [`client`] (authority RPC), [`dev_authority`], [`api`], [`probes`],
+//! [`metrics`].
+
+pub mod agent;
+pub mod api;
+pub mod client;
+pub mod config;
+pub mod dev_authority;
+pub mod driver;
+pub mod keys;
+pub mod metrics;
+pub mod persist;
+pub mod probes;
+pub mod state;
+
+pub use agent::{run, run_until};
+pub use config::{load, AgentConfig, Overrides, Validated};

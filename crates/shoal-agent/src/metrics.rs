@@ -1,0 +1,128 @@
+//! Prometheus metrics: a process-wide `metrics` recorder rendered as text by the agent's own
+//! loopback HTTP listener (no exporter HTTP server, no HTTP client, no TLS stack).
+//!
+//! The REQUIREMENTS list, by name:
+//!
+//! | requirement | metric |
+//! | --- | --- |
+//! | registration / renewal write rate | `shoal_authority_writes_total{op,result}`, `shoal_renewal_writes_total` (always 0: renewal is implicit in SWIM liveness) |
+//! | catalog write latency | `shoal_authority_rpc_seconds{op}` (histogram) |
+//! | READY count per service | `shoal_ready_endpoints{service}` |
+//! | state flapping | `shoal_lifecycle_transitions_total{to}`, `shoal_health_flaps_total` |
+//! | probe latency | `shoal_probe_duration_seconds{kind}` |
+//! | watch lag | `shoal_watch_lag_seconds` (authority commit -> applied here) |
+//! | snapshot age | `shoal_snapshot_age_seconds`, `shoal_authority_contact_age_seconds` |
+//! | revision gaps | `shoal_revision_gaps_total` |
+//! | full-snapshot fallbacks | `shoal_full_snapshot_fallbacks_total` |
+//! | agent reconnects | `shoal_reconnects_total{what}` |
+//! | new requests to removed endpoints | `shoal_requests_to_removed_endpoints_total` |
+//! | stale-endpoint connection failures | `shoal_stale_endpoint_failures_total` |
+//! | no-backend results | `shoal_no_backend_total` |
+//!
+//! plus membership (`shoal_members{state}`), mesh flows (`shoal_mesh_messages_total`,
+//! `shoal_mesh_bytes_total`), transport counters (`shoal_transport_*`), persistence
+//! (`shoal_persist_total{result}`, `shoal_snapshot_load_refused_total`) and rejected inputs by
+//! reason (`shoal_rejected_inputs_total{source,reason}`).
+
+use std::sync::OnceLock;
+
+use metrics::{counter, gauge};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use shoal_catalog::Keyring;
+use shoal_mesh::Mesh;
+use shoal_proto::envelope::MessageKind;
+use shoal_transport::transport::TransportCounters;
+
+static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// Installs the process-wide recorder (idempotent) and returns its handle.
+pub fn install() -> Option<PrometheusHandle> {
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new()
+                .set_buckets(&[
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    10.0,
+                ])
+                .ok()?
+                .build_recorder();
+            let handle = recorder.handle();
+            metrics::set_global_recorder(recorder).ok()?;
+            Some(handle)
+        })
+        .clone()
+}
+
+/// Renders the text exposition.
+pub fn render() -> String {
+    install().map(|h| h.render()).unwrap_or_default()
+}
+
+/// Counts one rejected input.
+pub fn rejected(source: &'static str, reason: &'static str) {
+    counter!("shoal_rejected_inputs_total", "source" => source, "reason" => reason).increment(1);
+}
+
+/// Copies the mesh and transport counters into the recorder (called about once a second).
+pub fn export_counters(mesh: &Mesh<Keyring>, transport: &TransportCounters) {
+    let m = mesh.membership().counters();
+    gauge!("shoal_members", "state" => "alive").set(m.members_alive as f64);
+    gauge!("shoal_members", "state" => "suspect").set(m.members_suspect as f64);
+    gauge!("shoal_members", "state" => "down").set(m.members_down as f64);
+    counter!("shoal_swim_datagrams_total", "dir" => "in").absolute(m.datagrams_in);
+    counter!("shoal_swim_datagrams_total", "dir" => "out").absolute(m.datagrams_out);
+    counter!("shoal_swim_bytes_total", "dir" => "in").absolute(m.bytes_in);
+    counter!("shoal_swim_bytes_total", "dir" => "out").absolute(m.bytes_out);
+    counter!("shoal_rejected_inputs_total", "source" => "swim", "reason" => "decode")
+        .absolute(m.rejected_decode);
+    counter!("shoal_rejected_inputs_total", "source" => "swim", "reason" => "foca")
+        .absolute(m.rejected_foca);
+    counter!("shoal_swim_rejoins_total").absolute(m.rejoins);
+    counter!("shoal_swim_identity_conflicts_total").absolute(m.identity_conflicts);
+    let c = mesh.counters();
+    for kind in MessageKind::ALL {
+        let i = kind as usize;
+        if i >= c.stream_in.len() {
+            continue;
+        }
+        let k = kind.as_str();
+        counter!("shoal_mesh_messages_total", "dir" => "in", "kind" => k)
+            .absolute(c.stream_in[i].messages);
+        counter!("shoal_mesh_messages_total", "dir" => "out", "kind" => k)
+            .absolute(c.stream_out[i].messages);
+        counter!("shoal_mesh_bytes_total", "dir" => "in", "kind" => k)
+            .absolute(c.stream_in[i].bytes);
+        counter!("shoal_mesh_bytes_total", "dir" => "out", "kind" => k)
+            .absolute(c.stream_out[i].bytes);
+    }
+    for (reason, n) in &c.rejected {
+        counter!("shoal_rejected_inputs_total", "source" => "mesh", "reason" => *reason)
+            .absolute(*n);
+    }
+    counter!("shoal_revision_gaps_total").absolute(c.gaps_detected);
+    counter!("shoal_full_snapshot_fallbacks_total").absolute(c.snapshots_installed);
+    counter!("shoal_full_snapshots_refused_total").absolute(c.snapshots_refused);
+    counter!("shoal_anti_entropy_rounds_total").absolute(c.anti_entropy_rounds);
+    counter!("shoal_mesh_overflow_total", "queue" => "outbox").absolute(c.outbox_overflow);
+    counter!("shoal_mesh_overflow_total", "queue" => "transmit").absolute(c.transmit_overflow);
+    counter!("shoal_mesh_overflow_total", "queue" => "event").absolute(c.event_overflow);
+    let merge = mesh.catalog().counters();
+    counter!("shoal_catalog_merges_total", "outcome" => "applied").absolute(merge.applied);
+    counter!("shoal_catalog_merges_total", "outcome" => "stale").absolute(merge.stale);
+    counter!("shoal_catalog_merges_total", "outcome" => "duplicate").absolute(merge.duplicate);
+    counter!("shoal_rejected_inputs_total", "source" => "catalog", "reason" => "conflict")
+        .absolute(merge.conflict);
+    counter!("shoal_rejected_inputs_total", "source" => "catalog", "reason" => "bad_signature")
+        .absolute(merge.bad_signature);
+    gauge!("shoal_catalog_entries").set(mesh.catalog().len() as f64);
+    let t = transport;
+    counter!("shoal_transport_handshakes_refused_total").absolute(t.handshakes_refused);
+    counter!("shoal_transport_connects_failed_total").absolute(t.connects_failed);
+    counter!("shoal_transport_bytes_total", "dir" => "in").absolute(t.bytes_in);
+    counter!("shoal_transport_bytes_total", "dir" => "out").absolute(t.bytes_out);
+    counter!("shoal_transport_dropped_total", "why" => "oversize").absolute(t.oversize_dropped);
+    counter!("shoal_transport_dropped_total", "why" => "queue").absolute(t.queue_overflow);
+    counter!("shoal_transport_dropped_total", "why" => "inbound").absolute(t.inbound_dropped);
+    gauge!("shoal_transport_connections").set(t.connections_open as f64);
+    counter!("shoal_renewal_writes_total").absolute(0);
+}

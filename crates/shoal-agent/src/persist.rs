@@ -1,0 +1,194 @@
+//! Snapshot persistence: the catalog (with its version heads) and the last live members,
+//! written atomically every `persist.interval_ms` and on shutdown, two generations kept.
+//!
+//! Files in the data directory:
+//! * `catalog.snap` — the newest `shoal_catalog::snapshot` encoding (checked header + CRC +
+//!   signatures); `catalog.snap.1` — the previous one;
+//! * `members.json` — the last live members (node, address), used as extra join seeds.
+//!
+//! At boot [`load_snapshot`] tries `catalog.snap`, then `catalog.snap.1`; a file that fails any
+//! check is reported, counted and skipped, never installed (ARCHITECTURE invariant 7).
+
+use std::fs;
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+use shoal_catalog::snapshot::{self, Snapshot};
+use shoal_catalog::Verifier;
+
+use crate::keys::write_atomic;
+
+/// Newest snapshot file.
+pub const SNAPSHOT_FILE: &str = "catalog.snap";
+/// Previous snapshot file.
+pub const SNAPSHOT_PREV_FILE: &str = "catalog.snap.1";
+/// Last live members.
+pub const MEMBERS_FILE: &str = "members.json";
+/// Most members persisted (bounds the file and the seed list).
+pub const MAX_PERSISTED_MEMBERS: usize = 64;
+
+/// One persisted member.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PersistedMember {
+    /// Node id.
+    pub node: String,
+    /// Listen address.
+    pub addr: SocketAddr,
+}
+
+/// Writes a snapshot, keeping the previous one as `catalog.snap.1`.
+///
+/// # Errors
+/// IO errors (disk full...): the files on disk are then the old ones.
+pub fn write_snapshot(dir: &Path, bytes: &[u8]) -> io::Result<()> {
+    let cur = dir.join(SNAPSHOT_FILE);
+    if cur.exists() {
+        fs::rename(&cur, dir.join(SNAPSHOT_PREV_FILE))?;
+    }
+    write_atomic(&cur, bytes, 0o600)
+}
+
+/// Writes the live members.
+///
+/// # Errors
+/// IO errors.
+pub fn write_members(dir: &Path, members: &[PersistedMember]) -> io::Result<()> {
+    let members = &members[..members.len().min(MAX_PERSISTED_MEMBERS)];
+    let json = serde_json::to_vec(members).map_err(io::Error::other)?;
+    write_atomic(&dir.join(MEMBERS_FILE), &json, 0o600)
+}
+
+/// Reads the persisted members; missing or corrupt -> empty (they are only join hints).
+pub fn read_members(dir: &Path) -> Vec<PersistedMember> {
+    fs::read(dir.join(MEMBERS_FILE))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Vec<PersistedMember>>(&b).ok())
+        .map(|mut v| {
+            v.truncate(MAX_PERSISTED_MEMBERS);
+            v
+        })
+        .unwrap_or_default()
+}
+
+/// A snapshot loaded at boot.
+#[derive(Debug)]
+pub struct Loaded {
+    /// The verified snapshot.
+    pub snapshot: Snapshot,
+    /// Which file it came from.
+    pub path: PathBuf,
+    /// When the file was written.
+    pub written: SystemTime,
+}
+
+/// A snapshot file that was refused.
+#[derive(Debug)]
+pub struct Refused {
+    /// The file.
+    pub path: PathBuf,
+    /// Why.
+    pub reason: String,
+}
+
+/// Loads the newest snapshot that passes every check. Returns it (if any) and the files
+/// refused on the way.
+pub fn load_snapshot(dir: &Path, verifier: &dyn Verifier) -> (Option<Loaded>, Vec<Refused>) {
+    let mut refused = Vec::new();
+    for name in [SNAPSHOT_FILE, SNAPSHOT_PREV_FILE] {
+        let path = dir.join(name);
+        let bytes = match fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                refused.push(Refused {
+                    path,
+                    reason: e.to_string(),
+                });
+                continue;
+            }
+        };
+        match snapshot::decode(&bytes, verifier) {
+            Ok(snapshot) => {
+                let written = fs::metadata(&path)
+                    .and_then(|m| m.modified())
+                    .unwrap_or_else(|_| SystemTime::now());
+                return (
+                    Some(Loaded {
+                        snapshot,
+                        path,
+                        written,
+                    }),
+                    refused,
+                );
+            }
+            Err(e) => refused.push(Refused {
+                path,
+                reason: e.to_string(),
+            }),
+        }
+    }
+    (None, refused)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shoal_catalog::snapshot::SnapshotScope;
+    use shoal_catalog::testkit::Fixture;
+    use shoal_catalog::Catalog;
+    use std::sync::Arc;
+
+    fn snap_bytes(fx: &Fixture, n: usize) -> Vec<u8> {
+        let mut c = Catalog::new();
+        for i in 0..n {
+            let rec = fx.lifecycle(
+                &format!("a-{i}"),
+                1,
+                i as u64 + 1,
+                shoal_proto::LifecycleState::Ready,
+            );
+            c.apply_lifecycle(Arc::new(rec), &fx.keyring);
+        }
+        snapshot::encode(&Snapshot::of(&c, SnapshotScope::Catalog, fx.region.clone()))
+    }
+
+    #[test]
+    fn corrupt_newest_falls_back_to_previous() {
+        let fx = Fixture::new();
+        let dir = tempfile::tempdir().unwrap();
+        write_snapshot(dir.path(), &snap_bytes(&fx, 2)).unwrap();
+        let mut newer = snap_bytes(&fx, 3);
+        write_snapshot(dir.path(), &newer).unwrap();
+        let (loaded, refused) = load_snapshot(dir.path(), &fx.keyring);
+        assert!(refused.is_empty());
+        assert_eq!(loaded.unwrap().snapshot.lifecycle.len(), 3);
+        // Flip a body byte of the newest: refused, the older generation is used.
+        let last = newer.len() - 1;
+        newer[last] ^= 0xff;
+        fs::write(dir.path().join(SNAPSHOT_FILE), &newer).unwrap();
+        let (loaded, refused) = load_snapshot(dir.path(), &fx.keyring);
+        assert_eq!(refused.len(), 1);
+        assert_eq!(loaded.unwrap().snapshot.lifecycle.len(), 2);
+        // Truncate the older too: nothing is served.
+        fs::write(dir.path().join(SNAPSHOT_PREV_FILE), &newer[..10]).unwrap();
+        let (loaded, refused) = load_snapshot(dir.path(), &fx.keyring);
+        assert!(loaded.is_none());
+        assert_eq!(refused.len(), 2);
+    }
+
+    #[test]
+    fn members_round_trip_and_garbage_is_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = vec![PersistedMember {
+            node: "n1".into(),
+            addr: "127.0.0.1:1".parse().unwrap(),
+        }];
+        write_members(dir.path(), &m).unwrap();
+        assert_eq!(read_members(dir.path()), m);
+        fs::write(dir.path().join(MEMBERS_FILE), b"{garbage").unwrap();
+        assert!(read_members(dir.path()).is_empty());
+    }
+}

@@ -1,0 +1,164 @@
+//! State shared between the driver task, the local API and the probe tasks.
+//!
+//! The driver task is the only writer of the [`Mesh`]: every input (datagram, stream message,
+//! timer, command) is fed by it, under the write lock, and its outputs are drained before the
+//! lock is released. API handlers take the read lock for the microseconds a view takes to build,
+//! and never wait on the network or the authority while holding it (invariant 6).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::SystemTime;
+
+use shoal_catalog::view::Liveness;
+use shoal_catalog::Keyring;
+use shoal_mesh::{Command, Mesh};
+use shoal_proto::rpc::{AuthorityError, AuthorityOk, AuthorityRequestBody};
+use shoal_proto::{Generation, InstanceId, NodeId};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::config::Validated;
+
+/// Most local ejections held; past it new ejections are refused and counted.
+pub const MAX_EJECTIONS: usize = 65_536;
+
+/// What the API and the probes ask of the driver task.
+#[derive(Debug)]
+pub enum DriverCmd {
+    /// Feed a mesh command (publish records, report health).
+    Mesh(Command),
+    /// Send an authority RPC (`to: None` = the in-process development authority).
+    Authority {
+        /// Destination replica.
+        to: Option<std::net::SocketAddr>,
+        /// The request.
+        body: AuthorityRequestBody,
+        /// Where the reply goes.
+        reply: oneshot::Sender<Result<AuthorityOk, AuthorityError>>,
+    },
+    /// Join through these seeds (resolved by the join task).
+    Join(Vec<std::net::SocketAddr>),
+    /// Persist the snapshot now (tests, shutdown).
+    PersistNow,
+}
+
+/// Health and freshness of the agent, for `/v1/agent/*` and the `stale` flag.
+#[derive(Debug, Clone, Default)]
+pub struct Status {
+    /// Membership reported Active (at least one peer knows us).
+    pub active: bool,
+    /// Monotonic ms when we last had at least one active peer.
+    pub last_peer_ms: Option<u64>,
+    /// Monotonic ms of the last authority reply (or dev authority use).
+    pub last_authority_ms: Option<u64>,
+    /// Last authority error, cleared by the next success.
+    pub authority_error: Option<String>,
+    /// Wall time of the data served when booted from a persisted snapshot.
+    pub loaded_snapshot_written: Option<SystemTime>,
+    /// Wall time of the last successful persistence.
+    pub persisted_at: Option<SystemTime>,
+    /// Last persistence error (logged once), cleared by the next success.
+    pub persist_error: Option<String>,
+    /// Snapshot files refused at boot.
+    pub refused_snapshots: Vec<String>,
+}
+
+/// Everything shared.
+pub struct Shared {
+    /// Validated configuration.
+    pub cfg: Validated,
+    /// The protocol core (written by the driver only).
+    pub mesh: RwLock<Mesh<Keyring>>,
+    /// Origin of the monotonic ms clock.
+    pub origin: tokio::time::Instant,
+    /// View index: bumped on every change of any view (records, liveness, ejections).
+    pub index: watch::Sender<u64>,
+    /// Local ejections: (instance, generation) -> until (monotonic ms).
+    pub ejections: Mutex<HashMap<(InstanceId, Generation), u64>>,
+    /// Freshness.
+    pub status: Mutex<Status>,
+    /// Commands to the driver.
+    pub driver: mpsc::Sender<DriverCmd>,
+    /// Our public node key (hex).
+    pub node_key_hex: String,
+    /// The development authority's public key (hex) when it runs here.
+    pub dev_authority_key_hex: Option<String>,
+    /// Boot generation of this process.
+    pub boot: Generation,
+    /// Probe concurrency limit.
+    pub probe_permits: Arc<tokio::sync::Semaphore>,
+    /// Probe tasks of local instances.
+    pub probe_tasks: Mutex<HashMap<(String, String), tokio::task::AbortHandle>>,
+}
+
+impl Shared {
+    /// Monotonic ms since the agent started (tokio's clock, so tests may pause it).
+    pub fn now_ms(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Bumps the view index, waking blocking queries.
+    pub fn bump_index(&self) {
+        self.index.send_modify(|i| *i += 1);
+    }
+
+    /// Current view index.
+    pub fn view_index(&self) -> u64 {
+        *self.index.borrow()
+    }
+
+    /// `stale`: no authority contact or no mesh peer within the staleness budget.
+    pub fn is_stale(&self) -> bool {
+        let now = self.now_ms();
+        let budget = self.cfg.raw.api.staleness_budget_ms;
+        let st = self.status.lock().expect("status lock");
+        let fresh = |t: Option<u64>| t.is_some_and(|t| now.saturating_sub(t) <= budget);
+        let peer_ok = fresh(st.last_peer_ms) || self.cfg.raw.seeds.is_empty();
+        !(fresh(st.last_authority_ms) && peer_ok)
+    }
+
+    /// Age of the data served, ms: 0 while peers are connected; else since the last peer
+    /// contact, or since the persisted snapshot was written when none was ever reached.
+    pub fn snapshot_age_ms(&self) -> u64 {
+        let now = self.now_ms();
+        let st = self.status.lock().expect("status lock");
+        if let Some(t) = st.last_peer_ms {
+            return now.saturating_sub(t);
+        }
+        if let Some(w) = st.loaded_snapshot_written {
+            let age = SystemTime::now()
+                .duration_since(w)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0);
+            return age;
+        }
+        now
+    }
+
+    /// Ms since the last authority contact (`None`: never).
+    pub fn authority_age_ms(&self) -> Option<u64> {
+        let now = self.now_ms();
+        let st = self.status.lock().expect("status lock");
+        st.last_authority_ms.map(|t| now.saturating_sub(t))
+    }
+}
+
+/// Liveness for API views: SWIM-derived node liveness plus this agent's local ejections.
+pub struct ViewLiveness<'a, L: Liveness> {
+    /// Mesh liveness.
+    pub mesh: L,
+    /// Ejections.
+    pub ejections: &'a HashMap<(InstanceId, Generation), u64>,
+    /// Now, monotonic ms.
+    pub now_ms: u64,
+}
+
+impl<L: Liveness> Liveness for ViewLiveness<'_, L> {
+    fn is_down(&self, node: &NodeId) -> bool {
+        self.mesh.is_down(node)
+    }
+    fn is_ejected(&self, instance: &InstanceId, generation: Generation) -> bool {
+        self.ejections
+            .get(&(instance.clone(), generation))
+            .is_some_and(|until| *until > self.now_ms)
+    }
+}

@@ -1,0 +1,608 @@
+//! `shoal`: the node agent (`shoal agent`), operator commands against the local agent's unix
+//! socket, dev certificates and snapshot inspection. Human tables by default, `--json` for
+//! scripts.
+
+mod authority;
+mod http;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use serde_json::{json, Value};
+use shoal_catalog::Verifier;
+use shoal_proto::{NodeId, Region, ServiceKey, SignatureError, SignedHealth, SignedLifecycle};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "shoal",
+    version,
+    about = "shoal service discovery: agent and operator tools"
+)]
+struct Cli {
+    /// Local agent socket (default: $SHOAL_SOCKET, else /run/shoal/agent.sock).
+    #[arg(long, global = true, env = "SHOAL_SOCKET")]
+    socket: Option<PathBuf>,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Run the node agent.
+    Agent(AgentArgs),
+    /// Members of this agent's region mesh.
+    Members,
+    /// Services in the local view.
+    Services,
+    /// Endpoints of `namespace/service/port`.
+    Endpoints {
+        /// Service key.
+        key: String,
+        /// Filter by state (READY, DRAINING, ...).
+        #[arg(long)]
+        state: Option<String>,
+        /// Filter by zone.
+        #[arg(long)]
+        zone: Option<String>,
+        /// Label selector `dimension:value` (repeatable).
+        #[arg(long)]
+        label: Vec<String>,
+    },
+    /// Follow the endpoints of a service (blocking queries).
+    Watch {
+        /// Service key.
+        key: String,
+        /// Seconds per blocking query.
+        #[arg(long, default_value_t = 30)]
+        wait: u64,
+    },
+    /// Pick one endpoint (same zone, then same region, weighted).
+    Pick {
+        /// Service key.
+        key: String,
+    },
+    /// Register an instance on this node (STARTING until `ready` or its probes pass).
+    Register {
+        /// Service key.
+        key: String,
+        /// Instance id.
+        #[arg(long)]
+        instance: String,
+        /// `ip:port`.
+        #[arg(long)]
+        address: SocketAddr,
+        /// Version.
+        #[arg(long, default_value = "0.0.0")]
+        version: String,
+        /// Weight.
+        #[arg(long, default_value_t = 100)]
+        weight: u32,
+        /// Zone (default: the agent's).
+        #[arg(long)]
+        zone: Option<String>,
+        /// Label `dimension=value` (repeatable).
+        #[arg(long)]
+        label: Vec<String>,
+        /// Probes as JSON (`{"readiness": {"action": {"tcp": {}}, "period_ms": 1000, ...}}`).
+        #[arg(long)]
+        probes: Option<String>,
+    },
+    /// Mark a local instance READY.
+    Ready(InstanceArgs),
+    /// Drain a local instance.
+    Drain(InstanceArgs),
+    /// Deregister a local instance.
+    Deregister(InstanceArgs),
+    /// Snapshot files.
+    Snapshot {
+        #[command(subcommand)]
+        cmd: SnapshotCmd,
+    },
+    /// Development certificates.
+    Certs {
+        #[command(subcommand)]
+        cmd: CertsCmd,
+    },
+    /// Region authority (built separately).
+    Authority {
+        #[command(subcommand)]
+        cmd: authority::AuthorityCmd,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct InstanceArgs {
+    /// Service key.
+    key: String,
+    /// Instance id.
+    instance: String,
+}
+
+#[derive(Debug, clap::Args)]
+struct AgentArgs {
+    /// Config file.
+    #[arg(long, short)]
+    config: PathBuf,
+    /// Override node_id.
+    #[arg(long)]
+    node_id: Option<String>,
+    /// Override region.
+    #[arg(long)]
+    region: Option<String>,
+    /// Override zone.
+    #[arg(long)]
+    zone: Option<String>,
+    /// Override data_dir.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Override listen.
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Override metrics address.
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
+    /// Override seeds (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    seeds: Option<Vec<String>>,
+    /// Run the DEVELOPMENT authority in-process (insecure; never in production).
+    #[arg(long)]
+    dev_authority: bool,
+    /// Log filter (RUST_LOG syntax).
+    #[arg(long, env = "SHOAL_LOG", default_value = "info")]
+    log: String,
+}
+
+#[derive(Debug, Subcommand)]
+enum SnapshotCmd {
+    /// Print what a persisted snapshot holds (checks structure and CRC; signatures are not
+    /// checked unless --authority-key is given).
+    Inspect {
+        /// File.
+        file: PathBuf,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum CertsCmd {
+    /// Create `<region>-ca.pem` and `<region>-ca-key.pem`.
+    Ca {
+        /// Region.
+        #[arg(long)]
+        region: String,
+        /// Output directory.
+        #[arg(long, default_value = ".")]
+        out: PathBuf,
+    },
+    /// Create a node certificate signed by the region CA.
+    Node {
+        /// Node id.
+        #[arg(long)]
+        node_id: String,
+        /// Region.
+        #[arg(long)]
+        region: String,
+        /// Directory holding the CA files (and receiving the node files).
+        #[arg(long, default_value = ".")]
+        out: PathBuf,
+        /// Extra IP SANs.
+        #[arg(long)]
+        ip: Vec<IpAddr>,
+        /// Extra DNS SANs.
+        #[arg(long)]
+        dns: Vec<String>,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .worker_threads(2)
+        .build()
+        .expect("tokio runtime");
+    let code = match rt.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            1
+        }
+    };
+    std::process::exit(code);
+}
+
+fn socket_path(cli_socket: &Option<PathBuf>) -> PathBuf {
+    cli_socket
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(shoal_agent::config::DEFAULT_SOCKET))
+}
+
+fn key_path(key: &str) -> anyhow::Result<String> {
+    let k: ServiceKey = key.parse().map_err(|e| {
+        anyhow::anyhow!("invalid service key `{key}`: {e} (want namespace/service/port)")
+    })?;
+    Ok(format!(
+        "/v1/services/{}/{}/{}",
+        k.namespace, k.service, k.port_name
+    ))
+}
+
+fn enc(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b':' | b',' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+async fn run(cli: Cli) -> anyhow::Result<i32> {
+    let socket = socket_path(&cli.socket);
+    let json_out = cli.json;
+    match cli.cmd {
+        Cmd::Agent(a) => run_agent(a, cli.socket).await,
+        Cmd::Authority { cmd } => authority::run(cmd).await.map(|()| 0),
+        Cmd::Certs { cmd } => certs(cmd).map(|()| 0),
+        Cmd::Snapshot {
+            cmd: SnapshotCmd::Inspect { file },
+        } => inspect(&file, json_out).map(|()| 0),
+        Cmd::Members => get_and_print(&socket, "/v1/agent/members", json_out, print_members).await,
+        Cmd::Services => get_and_print(&socket, "/v1/services", json_out, print_services).await,
+        Cmd::Endpoints {
+            key,
+            state,
+            zone,
+            label,
+        } => {
+            let mut q = Vec::new();
+            if let Some(s) = state {
+                q.push(format!("state={}", enc(&s)));
+            }
+            if let Some(z) = zone {
+                q.push(format!("zone={}", enc(&z)));
+            }
+            for l in label {
+                q.push(format!("label={}", enc(&l)));
+            }
+            let path = format!("{}/endpoints?{}", key_path(&key)?, q.join("&"));
+            get_and_print(&socket, &path, json_out, print_endpoints).await
+        }
+        Cmd::Pick { key } => {
+            let path = format!("{}/pick", key_path(&key)?);
+            get_and_print(&socket, &path, json_out, |v| {
+                let e = &v["endpoint"];
+                println!(
+                    "{} {} ({}, zone {})",
+                    e["address"].as_str().unwrap_or("-"),
+                    e["instance"].as_str().unwrap_or("-"),
+                    e["state"].as_str().unwrap_or("-"),
+                    e["zone"].as_str().unwrap_or("-")
+                );
+            })
+            .await
+        }
+        Cmd::Watch { key, wait } => watch(&socket, &key, wait, json_out).await,
+        Cmd::Register {
+            key,
+            instance,
+            address,
+            version,
+            weight,
+            zone,
+            label,
+            probes,
+        } => {
+            let mut labels = serde_json::Map::new();
+            for l in label {
+                let (d, v) = l.split_once('=').context("--label wants dimension=value")?;
+                labels.insert(d.to_owned(), json!(v));
+            }
+            let mut body = json!({"instance": instance, "address": address.to_string(), "version": version, "weight": weight, "labels": labels});
+            if let Some(z) = zone {
+                body["zone"] = json!(z);
+            }
+            if let Some(p) = probes {
+                body["probes"] = serde_json::from_str(&p).context("--probes is not JSON")?;
+            }
+            post_and_print(
+                &socket,
+                &format!("{}/register", key_path(&key)?),
+                &body,
+                json_out,
+            )
+            .await
+        }
+        Cmd::Ready(i) => lifecycle(&socket, &i, "ready", json_out).await,
+        Cmd::Drain(i) => lifecycle(&socket, &i, "drain", json_out).await,
+        Cmd::Deregister(i) => lifecycle(&socket, &i, "deregister", json_out).await,
+    }
+}
+
+async fn run_agent(a: AgentArgs, socket: Option<PathBuf>) -> anyhow::Result<i32> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_new(&a.log)
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let overrides = shoal_agent::Overrides {
+        node_id: a.node_id,
+        region: a.region,
+        zone: a.zone,
+        data_dir: a.data_dir,
+        listen: a.listen,
+        socket,
+        metrics: a.metrics,
+        seeds: a.seeds,
+        dev_authority: a.dev_authority,
+    }
+    .with_env()?;
+    let cfg = shoal_agent::load(&a.config, overrides)?;
+    shoal_agent::run(cfg).await?;
+    Ok(0)
+}
+
+async fn lifecycle(
+    socket: &Path,
+    i: &InstanceArgs,
+    action: &str,
+    json_out: bool,
+) -> anyhow::Result<i32> {
+    let path = format!(
+        "{}/instances/{}/{action}",
+        key_path(&i.key)?,
+        enc(&i.instance)
+    );
+    post_and_print(socket, &path, &json!({}), json_out).await
+}
+
+async fn post_and_print(
+    socket: &Path,
+    path: &str,
+    body: &Value,
+    json_out: bool,
+) -> anyhow::Result<i32> {
+    let (status, v) = http::request(socket, "POST", path, Some(body)).await?;
+    finish(status, &v, json_out, |v| {
+        println!("{}", serde_json::to_string_pretty(v).unwrap_or_default())
+    })
+}
+
+async fn get_and_print(
+    socket: &Path,
+    path: &str,
+    json_out: bool,
+    human: impl Fn(&Value),
+) -> anyhow::Result<i32> {
+    let (status, v) = http::request(socket, "GET", path, None).await?;
+    finish(status, &v, json_out, human)
+}
+
+fn finish(status: u16, v: &Value, json_out: bool, human: impl Fn(&Value)) -> anyhow::Result<i32> {
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(v)?);
+    } else if (200..300).contains(&status) {
+        human(v);
+        if v["stale"].as_bool() == Some(true) {
+            eprintln!(
+                "warning: the agent's view is STALE (snapshot age {} ms)",
+                v["snapshot_age_ms"]
+            );
+        }
+    } else {
+        eprintln!(
+            "error ({status}): {}",
+            v["error"].as_str().unwrap_or("request failed")
+        );
+        if let Some(d) = v.get("detail") {
+            eprintln!("  {d}");
+        }
+    }
+    Ok(if (200..300).contains(&status) { 0 } else { 1 })
+}
+
+fn table(headers: &[&str], rows: Vec<Vec<String>>) {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (i, c) in r.iter().enumerate() {
+            widths[i] = widths[i].max(c.len());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let s: Vec<String> = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
+            .collect();
+        println!("{}", s.join("  ").trim_end());
+    };
+    line(headers.iter().map(|h| (*h).to_owned()).collect());
+    for r in rows {
+        line(r);
+    }
+}
+
+fn s(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    }
+}
+
+fn print_members(v: &Value) {
+    let rows = v["members"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|m| {
+            vec![
+                s(&m["node"]),
+                s(&m["address"]),
+                s(&m["boot"]),
+                s(&m["state"]),
+            ]
+        })
+        .collect();
+    table(&["NODE", "ADDRESS", "BOOT", "STATE"], rows);
+}
+
+fn print_services(v: &Value) {
+    let rows = v["services"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|m| vec![s(&m["service"]), s(&m["endpoints"]), s(&m["routable"])])
+        .collect();
+    table(&["SERVICE", "ENDPOINTS", "ROUTABLE"], rows);
+}
+
+fn print_endpoints(v: &Value) {
+    let rows = v["endpoints"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|e| {
+            vec![
+                s(&e["instance"]),
+                s(&e["address"]),
+                s(&e["state"]),
+                s(&e["zone"]),
+                s(&e["node"]),
+                s(&e["generation"]),
+                s(&e["revision"]),
+                s(&e["routable"]),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "INSTANCE", "ADDRESS", "STATE", "ZONE", "NODE", "GEN", "REV", "ROUTABLE",
+        ],
+        rows,
+    );
+    println!("index {}  stale {}", s(&v["index"]), s(&v["stale"]));
+}
+
+async fn watch(socket: &Path, key: &str, wait: u64, json_out: bool) -> anyhow::Result<i32> {
+    let base = format!("{}/endpoints", key_path(key)?);
+    let mut index = 0u64;
+    loop {
+        let path = format!("{base}?index={index}&wait={wait}s");
+        let (status, v) = http::request(socket, "GET", &path, None).await?;
+        if status != 200 {
+            return finish(status, &v, json_out, |_| {});
+        }
+        let new = v["index"].as_u64().unwrap_or(index);
+        if new != index {
+            if json_out {
+                println!("{}", serde_json::to_string(&v)?);
+            } else {
+                print_endpoints(&v);
+                println!();
+            }
+        }
+        index = new;
+    }
+}
+
+fn certs(cmd: CertsCmd) -> anyhow::Result<()> {
+    use shoal_transport::certs;
+    match cmd {
+        CertsCmd::Ca { region, out } => {
+            let region: Region = region.parse().map_err(|e| anyhow::anyhow!("region: {e}"))?;
+            std::fs::create_dir_all(&out)?;
+            let f = certs::create_ca(&region, &out)?;
+            println!("{}\n{}", f.cert.display(), f.key.display());
+        }
+        CertsCmd::Node {
+            node_id,
+            region,
+            out,
+            ip,
+            dns,
+        } => {
+            let region: Region = region.parse().map_err(|e| anyhow::anyhow!("region: {e}"))?;
+            let node: NodeId = node_id
+                .parse()
+                .map_err(|e| anyhow::anyhow!("node id: {e}"))?;
+            let ca = certs::CaFiles {
+                cert: out.join(format!("{region}-ca.pem")),
+                key: out.join(format!("{region}-ca-key.pem")),
+            };
+            let f = certs::create_node_cert(
+                &ca,
+                &node,
+                &region,
+                &certs::ExtraSans { ips: ip, dns },
+                &out,
+            )?;
+            println!("{}\n{}", f.cert.display(), f.key.display());
+        }
+    }
+    Ok(())
+}
+
+/// Accepts every signature: `snapshot inspect` shows structure, not trust.
+struct NoVerify;
+
+impl Verifier for NoVerify {
+    fn verify_lifecycle(&self, _: &SignedLifecycle) -> Result<(), SignatureError> {
+        Ok(())
+    }
+    fn verify_health(&self, _: &SignedHealth) -> Result<(), SignatureError> {
+        Ok(())
+    }
+}
+
+fn inspect(file: &Path, json_out: bool) -> anyhow::Result<()> {
+    let bytes = std::fs::read(file).with_context(|| format!("read {}", file.display()))?;
+    let snap = match shoal_catalog::snapshot::decode(&bytes, &NoVerify) {
+        Ok(s) => s,
+        Err(e) => bail!("{}: refused: {e}", file.display()),
+    };
+    let mut per_service = std::collections::BTreeMap::<String, (usize, usize)>::new();
+    for r in &snap.lifecycle {
+        let e = per_service.entry(r.record.key.to_string()).or_default();
+        e.0 += 1;
+        if r.record.state == shoal_proto::LifecycleState::Ready {
+            e.1 += 1;
+        }
+    }
+    let v = json!({
+        "file": file.display().to_string(),
+        "bytes": bytes.len(),
+        "scope": format!("{:?}", snap.scope),
+        "region": snap.region.as_str(),
+        "revision": snap.revision.0,
+        "lifecycle_records": snap.lifecycle.len(),
+        "health_records": snap.health.len(),
+        "regions": snap.regions.iter().map(|h| json!({"region": h.region.as_str(), "contiguous": h.contiguous.0, "gc_floor": h.gc_floor.0})).collect::<Vec<_>>(),
+        "services": per_service.iter().map(|(k, (n, r))| json!({"service": k, "records": n, "ready": r})).collect::<Vec<_>>(),
+        "signatures_checked": false,
+    });
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!("{}: {} bytes, region {}, revision {}, {} lifecycle + {} health records (signatures not checked)",
+            file.display(), bytes.len(), snap.region, snap.revision.0, snap.lifecycle.len(), snap.health.len());
+        table(
+            &["SERVICE", "RECORDS", "READY"],
+            per_service
+                .iter()
+                .map(|(k, (n, r))| vec![k.clone(), n.to_string(), r.to_string()])
+                .collect(),
+        );
+    }
+    Ok(())
+}
