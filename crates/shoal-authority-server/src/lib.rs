@@ -1,0 +1,5 @@
+//! tmp
+pub mod files;
+pub mod network;
+pub mod storage;
+pub mod types;

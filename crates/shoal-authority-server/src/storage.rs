@@ -1,0 +1,654 @@
+//! File-backed Raft storage: the log + vote ([`LogStore`]) and the state machine + snapshots
+//! ([`StateMachineStore`]), implementing openraft 0.9's v2 storage traits.
+//!
+//! # Layout of a replica's data directory
+//! | file | content | written |
+//! |---|---|---|
+//! | `raft.log` | log records `len u32 | crc32 u32 | postcard(Entry)` | appended, fsync'd before Raft is told the entries are durable |
+//! | `vote.bin` | framed postcard(`Vote`) | atomically (temp + fsync + rename + dir fsync) before `save_vote` returns |
+//! | `purged.bin` | framed postcard(`LogId`) of the last purged entry | atomically, before entries are dropped |
+//! | `snapshot.bin` | framed postcard([`StoredSnapshot`]) | atomically, whenever a snapshot is built or installed |
+//! | `audit.log` | one JSON [`shoal_authority::AuditEntry`] per line | appended as entries are applied |
+//!
+//! The state machine itself is not persisted on every apply: it is rebuilt at start from
+//! `snapshot.bin`, and openraft re-applies the committed log after it. Re-applying is exact
+//! because applying is deterministic (log index and proposal time come from the entry, ed25519
+//! signing is deterministic).
+//!
+//! # Damage
+//! A torn tail of `raft.log` (a final record cut short: an append that crashed before its fsync
+//! and was therefore never acknowledged) is truncated at start with a warning. Every other
+//! damage, a checksum failure anywhere, a framed file that is torn, a log with holes, is
+//! refused with a clear [`FileError::Corrupt`] and the replica does not start.
+//!
+//! # Compaction
+//! Openraft builds a snapshot every `snapshot_every_logs` entries and then purges the log up to
+//! it (keeping `keep_logs_after_snapshot`). Purged records are dropped from memory at once;
+//! `raft.log` is rewritten (temp + rename) once it holds [`REWRITE_AFTER_PURGED`] dead records.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::fs::{self, File, OpenOptions};
+use std::io::{Cursor, Write};
+use std::ops::RangeBounds;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use openraft::storage::{LogFlushed, RaftLogStorage, RaftStateMachine};
+use openraft::{
+    AnyError, EntryPayload, LogState, RaftLogReader, RaftSnapshotBuilder, Snapshot,
+    StorageIOError,
+};
+use serde::{Deserialize, Serialize};
+use shoal_authority::{ApplyContext, AuditEntry, AuthorityState};
+use shoal_proto::{Region, SignedLifecycle, SigningKey};
+use tokio::sync::mpsc;
+
+use crate::files::{self, FileError};
+use crate::types::{
+    ApplyOutcome, Entry, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig, Vote,
+};
+
+/// `raft.log` is rewritten without purged records once it holds this many of them.
+pub const REWRITE_AFTER_PURGED: u64 = 1_000;
+
+const LOG_FILE: &str = "raft.log";
+const VOTE_FILE: &str = "vote.bin";
+const PURGED_FILE: &str = "purged.bin";
+/// File name of the persisted snapshot inside a data directory.
+pub const SNAPSHOT_FILE: &str = "snapshot.bin";
+/// File name of the JSON-lines audit log inside a data directory.
+pub const AUDIT_FILE: &str = "audit.log";
+
+fn enc<T: Serialize>(v: &T) -> Vec<u8> {
+    postcard::to_allocvec(v).expect("plain data always serialises")
+}
+
+fn dec<T: for<'a> Deserialize<'a>>(path: &Path, bytes: &[u8]) -> Result<T, FileError> {
+    postcard::from_bytes(bytes).map_err(|e| FileError::Codec {
+        path: path.to_path_buf(),
+        what: e.to_string(),
+    })
+}
+
+fn io_err(e: &FileError) -> AnyError {
+    AnyError::new(e)
+}
+
+// ---- log store ---------------------------------------------------------------------------
+
+struct LogInner {
+    path: PathBuf,
+    dir: PathBuf,
+    file: File,
+    /// Entries in memory by index, with the offset of their record in `raft.log`.
+    entries: BTreeMap<u64, (Entry, u64)>,
+    end_offset: u64,
+    dead_records: u64,
+    vote: Option<Vote>,
+    last_purged: Option<LogId>,
+}
+
+/// The Raft log and vote, in `raft.log`, `vote.bin` and `purged.bin`. Cloning shares the same
+/// log (the clone is the log reader handed to replication tasks).
+#[derive(Clone)]
+pub struct LogStore {
+    inner: Arc<Mutex<LogInner>>,
+}
+
+impl LogStore {
+    /// Opens (or creates) the log in `dir`.
+    ///
+    /// # Errors
+    /// [`FileError::Corrupt`] for a damaged vote, purge mark or log record, or a log with a
+    /// hole; [`FileError::Io`] when the directory cannot be read or written.
+    pub fn open(dir: &Path) -> Result<Self, FileError> {
+        fs::create_dir_all(dir).map_err(|e| FileError::io(dir, e))?;
+        let vote_path = dir.join(VOTE_FILE);
+        let vote = files::read_framed(&vote_path)?
+            .map(|b| dec::<Vote>(&vote_path, &b))
+            .transpose()?;
+        let purged_path = dir.join(PURGED_FILE);
+        let last_purged = files::read_framed(&purged_path)?
+            .map(|b| dec::<LogId>(&purged_path, &b))
+            .transpose()?;
+        let path = dir.join(LOG_FILE);
+        let bytes = match fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(FileError::io(&path, e)),
+        };
+        let scanned = files::scan_records(&path, &bytes)?;
+        let mut entries = BTreeMap::new();
+        let mut dead_records = 0;
+        let floor = last_purged.map(|l| l.index);
+        for (offset, payload) in &scanned.records {
+            let entry: Entry = dec(&path, payload)?;
+            if floor.is_some_and(|f| entry.log_id.index <= f) {
+                dead_records += 1;
+                continue;
+            }
+            // A later record for an index replaces a truncated one only if truncation was not
+            // persisted; truncation always cuts the file, so a repeat is damage.
+            if entries.insert(entry.log_id.index, (entry, *offset)).is_some() {
+                return Err(FileError::Corrupt {
+                    path: path.clone(),
+                    what: format!("duplicate log record at offset {offset}"),
+                });
+            }
+        }
+        check_contiguous(&path, &entries, floor)?;
+        let file = OpenOptions::new()
+            .create(true)
+            .read(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| FileError::io(&path, e))?;
+        if scanned.valid_len < bytes.len() as u64 {
+            tracing::warn!(
+                path = %path.display(),
+                cut_bytes = bytes.len() as u64 - scanned.valid_len,
+                "truncating the torn tail of the raft log (an append that never completed)"
+            );
+            file.set_len(scanned.valid_len)
+                .map_err(|e| FileError::io(&path, e))?;
+            file.sync_all().map_err(|e| FileError::io(&path, e))?;
+        }
+        Ok(Self {
+            inner: Arc::new(Mutex::new(LogInner {
+                path,
+                dir: dir.to_path_buf(),
+                file,
+                entries,
+                end_offset: scanned.valid_len,
+                dead_records,
+                vote,
+                last_purged,
+            })),
+        })
+    }
+
+    /// Index of the last entry in the log (or the last purged one), if any.
+    pub fn last_index(&self) -> Option<u64> {
+        let g = self.inner.lock().expect("log lock");
+        g.entries
+            .keys()
+            .next_back()
+            .copied()
+            .or(g.last_purged.map(|l| l.index))
+    }
+
+    /// The persisted vote.
+    pub fn vote(&self) -> Option<Vote> {
+        self.inner.lock().expect("log lock").vote
+    }
+}
+
+fn check_contiguous(
+    path: &Path,
+    entries: &BTreeMap<u64, (Entry, u64)>,
+    floor: Option<u64>,
+) -> Result<(), FileError> {
+    let mut expect = floor.map(|f| f + 1);
+    for idx in entries.keys() {
+        if let Some(e) = expect {
+            if *idx != e {
+                return Err(FileError::Corrupt {
+                    path: path.to_path_buf(),
+                    what: format!("hole in the log: expected index {e}, found {idx}"),
+                });
+            }
+        }
+        expect = Some(idx + 1);
+    }
+    Ok(())
+}
+
+impl LogInner {
+    fn rewrite(&mut self) -> Result<(), FileError> {
+        let tmp = self.path.with_extension("log.tmp");
+        let mut buf = Vec::new();
+        let mut offsets = Vec::with_capacity(self.entries.len());
+        for (idx, (entry, _)) in &self.entries {
+            offsets.push((*idx, buf.len() as u64));
+            files::push_record(&mut buf, &enc(entry));
+        }
+        let mut f = File::create(&tmp).map_err(|e| FileError::io(&tmp, e))?;
+        f.write_all(&buf).map_err(|e| FileError::io(&tmp, e))?;
+        f.sync_all().map_err(|e| FileError::io(&tmp, e))?;
+        drop(f);
+        fs::rename(&tmp, &self.path).map_err(|e| FileError::io(&self.path, e))?;
+        files::sync_dir(&self.path)?;
+        self.file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .open(&self.path)
+            .map_err(|e| FileError::io(&self.path, e))?;
+        for (idx, off) in offsets {
+            if let Some(slot) = self.entries.get_mut(&idx) {
+                slot.1 = off;
+            }
+        }
+        self.end_offset = buf.len() as u64;
+        self.dead_records = 0;
+        Ok(())
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, StorageError> {
+        let g = self.inner.lock().expect("log lock");
+        Ok(g.entries.range(range).map(|(_, (e, _))| e.clone()).collect())
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
+        let g = self.inner.lock().expect("log lock");
+        let last = g.entries.values().next_back().map(|(e, _)| e.log_id);
+        Ok(LogState {
+            last_purged_log_id: g.last_purged,
+            last_log_id: last.or(g.last_purged),
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
+        let mut g = self.inner.lock().expect("log lock");
+        let path = g.dir.join(VOTE_FILE);
+        files::write_atomic(&path, &enc(vote))
+            .map_err(|e| StorageIOError::write_vote(io_err(&e)))?;
+        g.vote = Some(*vote);
+        Ok(())
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
+        Ok(self.inner.lock().expect("log lock").vote)
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError>
+    where
+        I: IntoIterator<Item = Entry> + Send,
+        I::IntoIter: Send,
+    {
+        let mut g = self.inner.lock().expect("log lock");
+        let mut buf = Vec::new();
+        let mut added = Vec::new();
+        for entry in entries {
+            let at = g.end_offset + buf.len() as u64;
+            files::push_record(&mut buf, &enc(&entry));
+            added.push((entry, at));
+        }
+        let res = g.file.write_all(&buf).and_then(|_| g.file.sync_data());
+        if let Err(e) = res {
+            let fe = FileError::io(&g.path, e);
+            let err = StorageIOError::write_logs(io_err(&fe));
+            callback.log_io_completed(Err(std::io::Error::other(fe.to_string())));
+            return Err(err.into());
+        }
+        g.end_offset += buf.len() as u64;
+        for (entry, at) in added {
+            g.entries.insert(entry.log_id.index, (entry, at));
+        }
+        drop(g);
+        callback.log_io_completed(Ok(()));
+        Ok(())
+    }
+
+    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        let mut g = self.inner.lock().expect("log lock");
+        let Some(offset) = g.entries.get(&log_id.index).map(|(_, off)| *off) else {
+            return Ok(());
+        };
+        g.file
+            .set_len(offset)
+            .and_then(|_| g.file.sync_all())
+            .map_err(|e| StorageIOError::write_logs(io_err(&FileError::io(&g.path, e))))?;
+        g.end_offset = offset;
+        g.entries.split_off(&log_id.index);
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        let mut g = self.inner.lock().expect("log lock");
+        let path = g.dir.join(PURGED_FILE);
+        files::write_atomic(&path, &enc(&log_id))
+            .map_err(|e| StorageIOError::write_logs(io_err(&e)))?;
+        g.last_purged = Some(log_id);
+        let keep = g.entries.split_off(&(log_id.index + 1));
+        let dropped = std::mem::replace(&mut g.entries, keep).len() as u64;
+        g.dead_records += dropped;
+        if g.dead_records >= REWRITE_AFTER_PURGED {
+            g.rewrite()
+                .map_err(|e| StorageIOError::write_logs(io_err(&e)))?;
+        }
+        Ok(())
+    }
+}
+
+// ---- state machine -------------------------------------------------------------------------
+
+/// What `snapshot.bin` holds: the Raft metadata and the `AuthorityState::encode` bytes.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StoredSnapshot {
+    /// Last log id included, membership, snapshot id.
+    pub meta: SnapshotMeta,
+    /// `AuthorityState::encode()` of the state at `meta.last_log_id`.
+    pub data: Vec<u8>,
+}
+
+impl StoredSnapshot {
+    /// Reads and verifies a snapshot file (framing checksum, then the state's own invariants).
+    ///
+    /// # Errors
+    /// [`FileError::Corrupt`] for a torn or damaged file or a state that fails its checks;
+    /// `Ok(None)` when the file does not exist.
+    pub fn read(path: &Path) -> Result<Option<(Self, AuthorityState)>, FileError> {
+        let Some(bytes) = files::read_framed(path)? else {
+            return Ok(None);
+        };
+        let snap: Self = dec(path, &bytes)?;
+        let state = AuthorityState::decode(&snap.data).map_err(|e| FileError::Corrupt {
+            path: path.to_path_buf(),
+            what: format!("snapshot state: {e}"),
+        })?;
+        Ok(Some((snap, state)))
+    }
+
+    /// Writes the snapshot atomically.
+    ///
+    /// # Errors
+    /// [`FileError::Io`]; the previous file is untouched then.
+    pub fn write(&self, path: &Path) -> Result<(), FileError> {
+        files::write_atomic(path, &enc(self))
+    }
+}
+
+/// One applied entry's effects, for the server: signed records to publish, audit entries.
+#[derive(Clone, Debug)]
+pub struct Applied {
+    /// Log index of the entry.
+    pub log_index: u64,
+    /// Records it emitted (publish them into the mesh).
+    pub records: Vec<SignedLifecycle>,
+}
+
+struct SmInner {
+    dir: PathBuf,
+    state: AuthorityState,
+    last_applied: Option<LogId>,
+    last_membership: StoredMembership,
+    snapshot: Option<StoredSnapshot>,
+    signing_key: SigningKey,
+    audit_file: Option<File>,
+    audit_high_water: u64,
+    applied_tx: Option<mpsc::Sender<Applied>>,
+    applied_dropped: u64,
+}
+
+/// The authority state machine: [`AuthorityState`] driven by committed entries, plus the
+/// persisted snapshot. Cloning shares it (the server reads status and policies from a clone).
+#[derive(Clone)]
+pub struct StateMachineStore {
+    inner: Arc<Mutex<SmInner>>,
+}
+
+impl StateMachineStore {
+    /// Opens the state machine in `dir`: loads `snapshot.bin` if present, else starts empty for
+    /// `region`.
+    ///
+    /// `applied_tx` receives each applied entry's records (bounded; overflow counted, the mesh
+    /// repairs by anti-entropy).
+    ///
+    /// # Errors
+    /// [`FileError::Corrupt`] for a damaged snapshot; [`FileError::Io`].
+    pub fn open(
+        dir: &Path,
+        region: Region,
+        signing_key: SigningKey,
+        applied_tx: Option<mpsc::Sender<Applied>>,
+    ) -> Result<Self, FileError> {
+        fs::create_dir_all(dir).map_err(|e| FileError::io(dir, e))?;
+        let (snapshot, state) = match StoredSnapshot::read(&dir.join(SNAPSHOT_FILE))? {
+            Some((snap, state)) => (Some(snap), state),
+            None => (None, AuthorityState::new(region.clone())),
+        };
+        if state.region() != &region {
+            return Err(FileError::Corrupt {
+                path: dir.join(SNAPSHOT_FILE),
+                what: format!("snapshot is for region {}, not {region}", state.region()),
+            });
+        }
+        let audit_path = dir.join(AUDIT_FILE);
+        let audit_high_water = last_audited_index(&audit_path);
+        let audit_file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&audit_path)
+            .map_err(|e| FileError::io(&audit_path, e))?;
+        let (last_applied, last_membership) = match &snapshot {
+            Some(s) => (s.meta.last_log_id, s.meta.last_membership.clone()),
+            None => (None, StoredMembership::default()),
+        };
+        Ok(Self {
+            inner: Arc::new(Mutex::new(SmInner {
+                dir: dir.to_path_buf(),
+                state,
+                last_applied,
+                last_membership,
+                snapshot,
+                signing_key,
+                audit_file: Some(audit_file),
+                audit_high_water,
+                applied_tx,
+                applied_dropped: 0,
+            })),
+        })
+    }
+
+    /// Runs `f` on the current state (read-only).
+    pub fn with_state<R>(&self, f: impl FnOnce(&AuthorityState) -> R) -> R {
+        f(&self.inner.lock().expect("sm lock").state)
+    }
+
+    /// Applied entries whose effects could not be queued for publishing.
+    pub fn applied_dropped(&self) -> u64 {
+        self.inner.lock().expect("sm lock").applied_dropped
+    }
+
+    /// The last applied log id.
+    pub fn last_applied(&self) -> Option<LogId> {
+        self.inner.lock().expect("sm lock").last_applied
+    }
+}
+
+/// The log index of the last line of an audit log, so a replay after restart does not write
+/// the same entries twice. 0 when the file is missing or unreadable.
+fn last_audited_index(path: &Path) -> u64 {
+    let Ok(text) = fs::read_to_string(path) else {
+        return 0;
+    };
+    text.lines()
+        .rev()
+        .filter(|l| !l.trim().is_empty())
+        .find_map(|l| serde_json::from_str::<AuditEntry>(l).ok())
+        .map(|e| e.log_index)
+        .unwrap_or(0)
+}
+
+impl SmInner {
+    fn apply_entry(&mut self, entry: Entry) -> ApplyOutcome {
+        self.last_applied = Some(entry.log_id);
+        let proposal = match entry.payload {
+            EntryPayload::Blank => return Ok(Vec::new()),
+            EntryPayload::Membership(m) => {
+                self.last_membership = StoredMembership::new(Some(entry.log_id), m);
+                return Ok(Vec::new());
+            }
+            EntryPayload::Normal(p) => p,
+        };
+        let before = self.state.audit().total();
+        let ctx = ApplyContext {
+            log_index: entry.log_id.index,
+            committed_at_ms: proposal.proposed_at_ms,
+            signing_key: &self.signing_key,
+        };
+        let out = self.state.apply(proposal.cmd, ctx);
+        self.write_audit(before, entry.log_id.index);
+        if let Ok(records) = &out {
+            self.publish(entry.log_id.index, records);
+        }
+        out
+    }
+
+    fn write_audit(&mut self, total_before: u64, log_index: u64) {
+        if log_index <= self.audit_high_water {
+            return;
+        }
+        self.audit_high_water = log_index;
+        let new = (self.state.audit().total() - total_before) as usize;
+        let Some(file) = self.audit_file.as_mut() else {
+            return;
+        };
+        let entries: Vec<&AuditEntry> = self.state.audit().entries().rev().take(new).collect();
+        let mut buf = String::new();
+        for e in entries.into_iter().rev() {
+            buf.push_str(&serde_json::to_string(e).expect("audit entries serialise"));
+            buf.push('\n');
+        }
+        if let Err(e) = file.write_all(buf.as_bytes()) {
+            tracing::error!(error = %e, "audit.log append failed");
+        }
+    }
+
+    fn publish(&mut self, log_index: u64, records: &[SignedLifecycle]) {
+        if records.is_empty() {
+            return;
+        }
+        let Some(tx) = &self.applied_tx else {
+            return;
+        };
+        let applied = Applied {
+            log_index,
+            records: records.to_vec(),
+        };
+        if tx.try_send(applied).is_err() {
+            self.applied_dropped += 1;
+        }
+    }
+
+    fn build_snapshot(&mut self) -> Result<StoredSnapshot, FileError> {
+        let data = self.state.encode();
+        let last = self.last_applied;
+        let snapshot_id = match last {
+            Some(l) => format!("{}-{}", l.leader_id.term, l.index),
+            None => "empty".to_string(),
+        };
+        let snap = StoredSnapshot {
+            meta: SnapshotMeta {
+                last_log_id: last,
+                last_membership: self.last_membership.clone(),
+                snapshot_id,
+            },
+            data,
+        };
+        snap.write(&self.dir.join(SNAPSHOT_FILE))?;
+        self.snapshot = Some(snap.clone());
+        Ok(snap)
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let mut g = self.inner.lock().expect("sm lock");
+        let snap = g
+            .build_snapshot()
+            .map_err(|e| StorageIOError::write_snapshot(None, io_err(&e)))?;
+        tracing::info!(snapshot = %snap.meta, bytes = snap.data.len(), "snapshot built");
+        Ok(Snapshot {
+            meta: snap.meta,
+            snapshot: Box::new(Cursor::new(snap.data)),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        let g = self.inner.lock().expect("sm lock");
+        Ok((g.last_applied, g.last_membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<ApplyOutcome>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + Send,
+        I::IntoIter: Send,
+    {
+        let mut g = self.inner.lock().expect("sm lock");
+        let out = entries.into_iter().map(|e| g.apply_entry(e)).collect();
+        if let Some(f) = g.audit_file.as_mut() {
+            let _ = f.flush();
+        }
+        Ok(out)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        let data = snapshot.into_inner();
+        let sig = Some(meta.signature());
+        let state = AuthorityState::decode(&data)
+            .map_err(|e| StorageIOError::read_snapshot(sig.clone(), AnyError::new(&e)))?;
+        let mut g = self.inner.lock().expect("sm lock");
+        if state.region() != g.state.region() {
+            let e = FileError::Corrupt {
+                path: g.dir.join(SNAPSHOT_FILE),
+                what: format!("received snapshot for region {}", state.region()),
+            };
+            return Err(StorageIOError::read_snapshot(sig, io_err(&e)).into());
+        }
+        let snap = StoredSnapshot {
+            meta: meta.clone(),
+            data,
+        };
+        snap.write(&g.dir.join(SNAPSHOT_FILE))
+            .map_err(|e| StorageIOError::write_snapshot(sig, io_err(&e)))?;
+        g.state = state;
+        g.last_applied = meta.last_log_id;
+        g.last_membership = meta.last_membership.clone();
+        g.audit_high_water = g.audit_high_water.max(meta.last_log_id.map_or(0, |l| l.index));
+        g.snapshot = Some(snap);
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        let g = self.inner.lock().expect("sm lock");
+        Ok(g.snapshot.as_ref().map(|s| Snapshot {
+            meta: s.meta.clone(),
+            snapshot: Box::new(Cursor::new(s.data.clone())),
+        }))
+    }
+}
