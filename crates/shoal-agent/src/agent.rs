@@ -85,14 +85,14 @@ pub async fn run_until(
 
     let mut keyring = Keyring::new();
     for k in &cfg.authority_keys {
-        keyring.trust_authority(cfg.region.clone(), k.clone());
+        keyring.trust_authority(cfg.region.clone(), *k);
     }
     let dev_pub = dev_key(&cfg.region).verifying_key();
     if raw.authority.dev || raw.trust.dev_authority {
-        keyring.trust_authority(cfg.region.clone(), dev_pub.clone());
+        keyring.trust_authority(cfg.region.clone(), dev_pub);
     }
     for (n, k) in &cfg.node_keys {
-        keyring.trust_node(n.clone(), k.clone());
+        keyring.trust_node(n.clone(), *k);
     }
     keyring.trust_node(cfg.node_id.clone(), node_key.verifying_key());
 

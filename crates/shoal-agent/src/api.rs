@@ -638,12 +638,19 @@ async fn publish(shared: &Arc<Shared>, ok: AuthorityOk) -> Vec<Arc<shoal_proto::
         return Vec::new();
     };
     let lifecycle: Vec<_> = records.into_iter().map(Arc::new).collect();
-    let _ = shared
+    let (done, applied) = tokio::sync::oneshot::channel();
+    let cmd = Command::Publish {
+        lifecycle: lifecycle.clone(),
+    };
+    if shared
         .driver
-        .send(DriverCmd::Mesh(Command::Publish {
-            lifecycle: lifecycle.clone(),
-        }))
-        .await;
+        .send(DriverCmd::MeshAck(cmd, done))
+        .await
+        .is_ok()
+    {
+        // Read-your-writes: the caller's next read sees the records.
+        let _ = applied.await;
+    }
     lifecycle
 }
 

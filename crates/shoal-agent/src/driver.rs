@@ -218,6 +218,10 @@ impl Driver {
         let now = self.shared.now_ms();
         match cmd {
             DriverCmd::Mesh(c) => self.with_mesh(|m| m.handle_command(now, c)),
+            DriverCmd::MeshAck(c, done) => {
+                self.with_mesh(|m| m.handle_command(now, c));
+                let _ = done.send(());
+            }
             DriverCmd::Join(seeds) => {
                 if !seeds.is_empty() {
                     self.with_mesh(|m| m.handle_command(now, Command::Join { seeds }));

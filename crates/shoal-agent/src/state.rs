@@ -26,6 +26,8 @@ pub const MAX_EJECTIONS: usize = 65_536;
 pub enum DriverCmd {
     /// Feed a mesh command (publish records, report health).
     Mesh(Command),
+    /// Feed a mesh command and acknowledge once it was applied (read-your-writes for the API).
+    MeshAck(Command, oneshot::Sender<()>),
     /// Send an authority RPC (`to: None` = the in-process development authority).
     Authority {
         /// Destination replica.

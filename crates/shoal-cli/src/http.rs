@@ -29,7 +29,7 @@ pub async fn request(
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     let conn = tokio::spawn(conn);
     let bytes = body
-        .map(|b| serde_json::to_vec(b))
+        .map(serde_json::to_vec)
         .transpose()?
         .unwrap_or_default();
     let req = hyper::Request::builder()

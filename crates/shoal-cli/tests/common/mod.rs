@@ -1,0 +1,287 @@
+//! Harness for cross-process tests: real `shoal agent` processes on distinct 127.0.x.y
+//! addresses, certificates generated in a temp dir, a dev authority on the first agent.
+//! Everything waits by polling with a bounded deadline, never by sleeping a fixed time.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use shoal_proto::{NodeId, Region};
+use shoal_transport::certs;
+
+/// Test cluster port (all agents; they differ by IP).
+pub const PORT: u16 = 27946;
+
+/// One agent process.
+pub struct Agent {
+    pub name: String,
+    pub ip: String,
+    pub dir: PathBuf,
+    pub config: PathBuf,
+    pub socket: PathBuf,
+    pub child: Option<Child>,
+}
+
+impl Agent {
+    pub fn addr(&self) -> String {
+        format!("{}:{PORT}", self.ip)
+    }
+
+    pub fn start(&mut self) {
+        assert!(self.child.is_none(), "{} already running", self.name);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("{}.log", self.name)))
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_shoal"))
+            .args(["agent", "--config"])
+            .arg(&self.config)
+            .env("SHOAL_LOG", "info,shoal_transport=debug")
+            .env_remove("SHOAL_SOCKET")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+    }
+
+    /// SIGKILL, no goodbye.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait for exit (graceful leave + final snapshot).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if c.try_wait().unwrap().is_some() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn get(&self, path: &str) -> Option<(u16, Value)> {
+        http(&self.socket, "GET", path, None)
+    }
+
+    pub fn post(&self, path: &str, body: &str) -> Option<(u16, Value)> {
+        http(&self.socket, "POST", path, Some(body))
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join(format!("{}.log", self.name))).unwrap_or_default()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// One HTTP/1.1 request over a unix socket (`Connection: close`); `None` if the agent is not up.
+pub fn http(socket: &Path, method: &str, path: &str, body: Option<&str>) -> Option<(u16, Value)> {
+    let mut s = UnixStream::connect(socket).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
+    let body = body.unwrap_or("");
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: agent\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).ok()?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).ok()?;
+    let text = String::from_utf8_lossy(&out);
+    let status: u16 = text.split_whitespace().nth(1)?.parse().ok()?;
+    let (head, rest) = text.split_once("\r\n\r\n")?;
+    let json_text = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(rest)
+    } else {
+        rest.to_owned()
+    };
+    Some((
+        status,
+        serde_json::from_str(&json_text).unwrap_or(Value::Null),
+    ))
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((len, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// Polls `f` until it returns `Some`, panicking with `what` after `timeout`.
+pub fn eventually<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A set of agents of region `dev` sharing one CA.
+pub struct Cluster {
+    pub tmp: tempfile::TempDir,
+    pub agents: Vec<Agent>,
+    pub subnet: u8,
+}
+
+/// Small SWIM timings so the tests run in seconds.
+pub const MEMBERSHIP: &str = "[membership]\nprobe_period_ms = 200\nprobe_rtt_ms = 80\nsuspect_to_down_after_ms = 600\nperiodic_gossip_ms = 100\njoin_retry_ms = 200\nanti_entropy_interval_ms = 500\n";
+
+/// Hard-failure detection bound for these timings (see `MembershipConfig::detection_budget`),
+/// plus slack for a loaded CI machine.
+pub fn detection_bound() -> Duration {
+    let mut m = shoal_mesh::MembershipConfig::for_cluster_size(8);
+    m.probe_period_ms = 200;
+    m.probe_rtt_ms = 80;
+    m.suspect_to_down_after_ms = 600;
+    m.periodic_gossip_ms = 100;
+    Duration::from_millis(m.detection_budget(5).total_ms + 3_000)
+}
+
+impl Cluster {
+    /// `n` agents on 127.0.`subnet`.1..=n; agent 0 runs the dev authority and is the seed.
+    pub fn new(subnet: u8, n: usize) -> Self {
+        let tmp = tempfile::tempdir().unwrap();
+        let region: Region = "dev".parse().unwrap();
+        let ca = certs::create_ca(&region, tmp.path()).unwrap();
+        let mut agents = Vec::new();
+        for i in 0..n {
+            let name = format!("node-{}", (b'a' + i as u8) as char);
+            let ip = format!("127.0.{subnet}.{}", i + 1);
+            certs::create_node_cert(
+                &ca,
+                &name.parse::<NodeId>().unwrap(),
+                &region,
+                &certs::ExtraSans::default(),
+                tmp.path(),
+            )
+            .unwrap();
+            let seed = format!("127.0.{subnet}.1:{PORT}");
+            let dev = i == 0;
+            let agent = write_agent(tmp.path(), &name, &ip, &seed, dev, "dev-ca.pem");
+            agents.push(agent);
+        }
+        Self {
+            tmp,
+            agents,
+            subnet,
+        }
+    }
+
+    pub fn start_all(&mut self) {
+        for a in &mut self.agents {
+            a.start();
+        }
+    }
+
+    /// Waits until every running agent sees `n - 1` members.
+    pub fn wait_converged(&self, n: usize, timeout: Duration) {
+        for a in self.agents.iter().filter(|a| a.child.is_some()) {
+            eventually(
+                timeout,
+                &format!("{} sees {} members", a.name, n - 1),
+                || {
+                    let (_, v) = a.get("/v1/agent/self")?;
+                    (v["members"].as_u64()? as usize == n - 1 && v["active"] == true).then_some(())
+                },
+            );
+        }
+    }
+}
+
+/// Writes an agent's config file.
+pub fn write_agent(dir: &Path, name: &str, ip: &str, seed: &str, dev: bool, ca: &str) -> Agent {
+    let config = dir.join(format!("{name}.toml"));
+    let socket = dir.join(format!("{name}.sock"));
+    let seeds = if dev {
+        String::new()
+    } else {
+        format!("\"{seed}\"")
+    };
+    let authority = if dev {
+        "dev = true".to_owned()
+    } else {
+        format!("addresses = [\"{seed}\"]\nrpc_timeout_ms = 500\nrpc_budget_ms = 2000\nstatus_interval_ms = 500")
+    };
+    let text = format!(
+        "node_id = \"{name}\"\nregion = \"dev\"\nzone = \"z1\"\ndata_dir = \"data-{name}\"\nlisten = \"{ip}:{PORT}\"\nsocket = \"{}\"\nseeds = [{seeds}]\ncluster_size = 8\n\n[tls]\nca = \"{ca}\"\ncert = \"dev-node-{name}.pem\"\nkey = \"dev-node-{name}-key.pem\"\n\n[trust]\ndev_authority = true\n\n[authority]\n{authority}\n\n[persist]\ninterval_ms = 300\n\n[api]\nstaleness_budget_ms = 3000\n\n[join]\nbase_ms = 100\nmax_ms = 1000\n\n{MEMBERSHIP}",
+        socket.display()
+    );
+    std::fs::write(&config, text).unwrap();
+    Agent {
+        name: name.to_owned(),
+        ip: ip.to_owned(),
+        dir: dir.to_owned(),
+        config,
+        socket,
+        child: None,
+    }
+}
+
+/// Finds an endpoint by instance in an endpoints response.
+pub fn endpoint<'a>(v: &'a Value, instance: &str) -> Option<&'a Value> {
+    v["endpoints"]
+        .as_array()?
+        .iter()
+        .find(|e| e["instance"] == instance)
+}
+
+pub const SVC: &str = "/v1/services/prod/web/http";
+
+/// Registers `instance` on `agent` and marks it READY.
+pub fn register_ready(agent: &Agent, instance: &str, addr: &str) {
+    let body = format!("{{\"instance\":\"{instance}\",\"address\":\"{addr}\",\"labels\":{{\"protocol\":\"http2\"}}}}");
+    let (code, v) = eventually(Duration::from_secs(10), "register accepted", || {
+        let r = agent.post(&format!("{SVC}/register"), &body)?;
+        (r.0 == 200).then_some(r)
+    });
+    assert_eq!(code, 200, "{v}");
+    let (code, v) = agent
+        .post(&format!("{SVC}/instances/{instance}/ready"), "")
+        .unwrap();
+    assert_eq!(code, 200, "{v}");
+}
+
+/// State of `instance` at `agent` (None if absent).
+pub fn state_at(agent: &Agent, instance: &str) -> Option<(String, bool)> {
+    let (_, v) = agent.get(&format!("{SVC}/endpoints"))?;
+    let e = endpoint(&v, instance)?;
+    Some((e["state"].as_str()?.to_owned(), e["routable"].as_bool()?))
+}
