@@ -652,3 +652,48 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         }))
     }
 }
+
+/// Copies the verified snapshot of a (running or stopped) replica's data directory to `out`.
+///
+/// The server writes `snapshot.bin` every `snapshot_every_logs` entries and at shutdown; this
+/// copies the latest one, after checking its checksum and the state's invariants.
+///
+/// # Errors
+/// No snapshot yet, a damaged snapshot, or IO.
+pub fn save_snapshot(data_dir: &Path, out: &Path) -> Result<SnapshotMeta, FileError> {
+    let src = data_dir.join(SNAPSHOT_FILE);
+    let (snap, _) = StoredSnapshot::read(&src)?.ok_or_else(|| FileError::Io {
+        path: src.clone(),
+        source: std::io::Error::new(std::io::ErrorKind::NotFound, "no snapshot yet"),
+    })?;
+    snap.write(out)?;
+    Ok(snap.meta)
+}
+
+/// Installs the snapshot file `file` into a **stopped** replica's data directory: the state
+/// machine restarts from it and the local log is discarded (marked purged up to the snapshot),
+/// the vote is kept so the term never goes backwards. Restoring an older snapshot into every
+/// replica rewinds the region; agents still never accept the older records over newer ones they
+/// hold (ordering is by generation and revision, see docs/adr/0004-authority-raft.md).
+///
+/// # Errors
+/// A damaged snapshot file, or IO.
+pub fn restore_snapshot(data_dir: &Path, file: &Path) -> Result<SnapshotMeta, FileError> {
+    let (snap, _) = StoredSnapshot::read(file)?.ok_or_else(|| FileError::Io {
+        path: file.to_path_buf(),
+        source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such snapshot file"),
+    })?;
+    fs::create_dir_all(data_dir).map_err(|e| FileError::io(data_dir, e))?;
+    snap.write(&data_dir.join(SNAPSHOT_FILE))?;
+    if let Some(last) = snap.meta.last_log_id {
+        files::write_atomic(&data_dir.join(PURGED_FILE), &enc(&last))?;
+    }
+    let log = data_dir.join(LOG_FILE);
+    match fs::remove_file(&log) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(FileError::io(&log, e)),
+    }
+    files::sync_dir(&log)?;
+    Ok(snap.meta)
+}

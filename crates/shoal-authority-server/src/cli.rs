@@ -1,0 +1,169 @@
+//! `shoal authority ...`: the replica server and its admin commands (wired into the `shoal`
+//! binary by `crates/shoal-cli/src/authority.rs`, and into this crate's `shoal-authority`
+//! binary).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Subcommand;
+use shoal_proto::rpc::{AuthorityOk, AuthorityRequestBody};
+use shoal_proto::SigningKey;
+use shoal_transport::certs::read_pem_file;
+
+use crate::client::AuthorityClient;
+use crate::config::{to_hex, AuthorityConfig};
+use crate::storage;
+
+/// Authority subcommands.
+#[derive(Debug, Subcommand)]
+pub enum AuthorityCmd {
+    /// Run one authority replica until SIGINT/SIGTERM.
+    Run {
+        /// Path of authority.toml.
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Print a replica's status (leader, term, revision, members) as JSON.
+    Status {
+        /// The replica's RPC address (`ip:port`).
+        #[arg(long)]
+        addr: SocketAddr,
+        /// Region CA PEM.
+        #[arg(long)]
+        ca: PathBuf,
+        /// Client certificate PEM (any node or operator certificate of the region).
+        #[arg(long)]
+        cert: PathBuf,
+        /// Client key PEM.
+        #[arg(long)]
+        key: PathBuf,
+        /// Reply timeout in ms.
+        #[arg(long, default_value_t = 3_000)]
+        timeout_ms: u64,
+    },
+    /// Save or restore a replica's snapshot file.
+    Snapshot {
+        /// What to do.
+        #[command(subcommand)]
+        cmd: SnapshotCmd,
+    },
+    /// Generate a region signing key seed file and print its verifying key (hex) for the
+    /// agents' `authority_keys`.
+    Keygen {
+        /// Output file (64 hex chars).
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+/// `shoal authority snapshot ...`.
+#[derive(Debug, Subcommand)]
+pub enum SnapshotCmd {
+    /// Copy the latest verified snapshot of a data directory to `file`.
+    Save {
+        /// Destination file.
+        file: PathBuf,
+        /// The replica's data directory.
+        #[arg(long)]
+        data_dir: PathBuf,
+    },
+    /// Install `file` into a STOPPED replica's data directory (its log is discarded).
+    Restore {
+        /// Snapshot file made by `save`.
+        file: PathBuf,
+        /// The replica's data directory.
+        #[arg(long)]
+        data_dir: PathBuf,
+    },
+}
+
+/// Initialises `tracing` from `RUST_LOG` (default `info`); idempotent.
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,openraft=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Runs an authority subcommand.
+///
+/// # Errors
+/// Whatever the command fails with, with context.
+pub async fn run(cmd: AuthorityCmd) -> anyhow::Result<()> {
+    match cmd {
+        AuthorityCmd::Run { config } => {
+            init_tracing();
+            let cfg = AuthorityConfig::load(&config)?;
+            crate::server::run(cfg).await
+        }
+        AuthorityCmd::Status {
+            addr,
+            ca,
+            cert,
+            key,
+            timeout_ms,
+        } => {
+            let client = AuthorityClient::connect(
+                "127.0.0.1:0".parse().expect("addr"),
+                &read_pem_file(&ca)?,
+                &read_pem_file(&cert)?,
+                &read_pem_file(&key)?,
+            )?;
+            let res = client
+                .call(
+                    addr,
+                    AuthorityRequestBody::Status,
+                    Duration::from_millis(timeout_ms),
+                )
+                .await?;
+            match res {
+                Ok(AuthorityOk::Status(s)) => {
+                    let json = serde_json::json!({
+                        "node": s.node.as_str(),
+                        "leader": s.leader.as_ref().map(|l| l.as_str().to_string()),
+                        "term": s.term,
+                        "applied_index": s.applied_index,
+                        "revision": s.revision.0,
+                        "members": s.members.iter().map(|m| m.as_str().to_string()).collect::<Vec<_>>(),
+                    });
+                    println!("{json}");
+                }
+                other => anyhow::bail!("unexpected answer: {other:?}"),
+            }
+            client.shutdown().await;
+            Ok(())
+        }
+        AuthorityCmd::Snapshot { cmd } => match cmd {
+            SnapshotCmd::Save { file, data_dir } => {
+                let meta = storage::save_snapshot(&data_dir, &file)
+                    .with_context(|| format!("saving the snapshot of {}", data_dir.display()))?;
+                println!("saved snapshot {} to {}", meta.snapshot_id, file.display());
+                Ok(())
+            }
+            SnapshotCmd::Restore { file, data_dir } => {
+                let meta = storage::restore_snapshot(&data_dir, &file)
+                    .with_context(|| format!("restoring {}", file.display()))?;
+                println!(
+                    "restored snapshot {} into {}",
+                    meta.snapshot_id,
+                    data_dir.display()
+                );
+                Ok(())
+            }
+        },
+        AuthorityCmd::Keygen { out } => {
+            let mut seed = [0u8; 32];
+            rand::fill(&mut seed);
+            let key = SigningKey::from_seed(seed);
+            std::fs::write(&out, to_hex(&seed))
+                .with_context(|| format!("writing {}", out.display()))?;
+            println!("{}", to_hex(&key.verifying_key().to_bytes()));
+            Ok(())
+        }
+    }
+}

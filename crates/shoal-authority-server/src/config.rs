@@ -1,0 +1,228 @@
+//! `authority.toml`: one replica's configuration.
+//!
+//! ```toml
+//! id = 1                                  # this replica's Raft id (one of members[].id)
+//! region = "eu-west"
+//! data_dir = "/var/lib/shoal/authority"
+//! ca = "/etc/shoal/ca.pem"                # region CA
+//! cert = "/etc/shoal/auth-1.pem"          # this replica's node certificate (node id = members[].node)
+//! key = "/etc/shoal/auth-1.key"
+//! signing_key = "/etc/shoal/region.key"   # 64 hex chars: the region's ed25519 seed (same on every replica)
+//! metrics_addr = "127.0.0.1:9465"         # optional Prometheus text endpoint (loopback)
+//! operators = ["ops-alice"]               # node ids treated as operators, besides "operator-*"
+//!
+//! [[members]]
+//! id = 1
+//! node = "auth-1"
+//! raft_addr = "10.0.0.1:7101"             # replica <-> replica (Raft)
+//! rpc_addr = "10.0.0.1:7100"              # agents -> authority RPC
+//! # ... 3 or 5 members
+//! ```
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use serde::Deserialize;
+use shoal_proto::{Region, SigningKey};
+
+use crate::types::{Member, RaftId};
+
+/// One voter in the config.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemberConfig {
+    /// Raft id (unique, non-zero).
+    pub id: RaftId,
+    /// Shoal node id in the replica's certificate.
+    pub node: String,
+    /// Raft transport address.
+    pub raft_addr: SocketAddr,
+    /// Agent RPC address.
+    pub rpc_addr: SocketAddr,
+}
+
+/// A replica's configuration (see the module docs for the file format).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthorityConfig {
+    /// This replica's Raft id.
+    pub id: RaftId,
+    /// The region.
+    pub region: Region,
+    /// Data directory (log, vote, snapshot, audit log).
+    pub data_dir: PathBuf,
+    /// Region CA PEM path.
+    pub ca: PathBuf,
+    /// Node certificate PEM path.
+    pub cert: PathBuf,
+    /// Node key PEM path.
+    pub key: PathBuf,
+    /// Path of the region signing key seed (64 hex chars).
+    pub signing_key: PathBuf,
+    /// Loopback address for the Prometheus text endpoint; none by default.
+    #[serde(default)]
+    pub metrics_addr: Option<SocketAddr>,
+    /// Node ids treated as operators (in addition to any node id starting with `operator-`).
+    #[serde(default)]
+    pub operators: Vec<String>,
+    /// The 3 or 5 voters.
+    pub members: Vec<MemberConfig>,
+    /// Raft heartbeat period, ms.
+    #[serde(default = "d_heartbeat")]
+    pub heartbeat_ms: u64,
+    /// Lower bound of the randomised election timeout, ms (upper bound: twice this).
+    #[serde(default = "d_election")]
+    pub election_timeout_ms: u64,
+    /// How long a write may wait for commit before the caller gets `NoQuorum`, ms.
+    #[serde(default = "d_write_timeout")]
+    pub write_timeout_ms: u64,
+    /// A leader that has not heard from a quorum for this long answers `NoQuorum` at once, ms.
+    #[serde(default = "d_quorum_stale")]
+    pub quorum_stale_ms: u64,
+    /// Period of the lease safety-net check on the leader, ms.
+    #[serde(default = "d_expire_interval")]
+    pub expire_interval_ms: u64,
+    /// Build a snapshot (and compact the log) every this many entries.
+    #[serde(default = "d_snapshot_every")]
+    pub snapshot_every_logs: u64,
+    /// Entries kept in the log behind the snapshot (lets lagging followers catch up by log).
+    #[serde(default = "d_keep_logs")]
+    pub keep_logs_after_snapshot: u64,
+    /// Most agent requests handled concurrently; more are answered `NoQuorum` (counted).
+    #[serde(default = "d_max_inflight")]
+    pub max_inflight_requests: usize,
+}
+
+fn d_heartbeat() -> u64 {
+    100
+}
+fn d_election() -> u64 {
+    500
+}
+fn d_write_timeout() -> u64 {
+    2_000
+}
+fn d_quorum_stale() -> u64 {
+    1_500
+}
+fn d_expire_interval() -> u64 {
+    1_000
+}
+fn d_snapshot_every() -> u64 {
+    1_000
+}
+fn d_keep_logs() -> u64 {
+    500
+}
+fn d_max_inflight() -> usize {
+    1_024
+}
+
+impl AuthorityConfig {
+    /// Reads and validates a config file.
+    ///
+    /// # Errors
+    /// Unreadable file, bad TOML, or a failed [`AuthorityConfig::validate`].
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let cfg: Self = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks the member list: 3 or 5 voters (1 allowed for development), unique non-zero ids,
+    /// node ids and addresses, and this replica among them.
+    ///
+    /// # Errors
+    /// A description of the first problem.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let n = self.members.len();
+        if ![1, 3, 5].contains(&n) {
+            bail!("members: {n} voters; use 3 or 5 (1 for development only)");
+        }
+        let mut ids = std::collections::BTreeSet::new();
+        let mut nodes = std::collections::BTreeSet::new();
+        for m in &self.members {
+            if m.id == 0 || !ids.insert(m.id) {
+                bail!("members: id {} is zero or repeated", m.id);
+            }
+            if !nodes.insert(m.node.clone()) {
+                bail!("members: node {} repeated", m.node);
+            }
+        }
+        if !ids.contains(&self.id) {
+            bail!("id {} is not one of the members", self.id);
+        }
+        if self.heartbeat_ms == 0 || self.election_timeout_ms <= self.heartbeat_ms * 2 {
+            bail!("election_timeout_ms must exceed twice heartbeat_ms");
+        }
+        Ok(())
+    }
+
+    /// This replica's member entry.
+    pub fn me(&self) -> &MemberConfig {
+        self.members
+            .iter()
+            .find(|m| m.id == self.id)
+            .expect("validated: id is a member")
+    }
+
+    /// The voters as openraft nodes.
+    pub fn raft_members(&self) -> BTreeMap<RaftId, Member> {
+        self.members
+            .iter()
+            .map(|m| {
+                (
+                    m.id,
+                    Member {
+                        node: m.node.clone(),
+                        raft_addr: m.raft_addr.to_string(),
+                        rpc_addr: m.rpc_addr.to_string(),
+                    },
+                )
+            })
+            .collect()
+    }
+
+    /// Reads the region signing key.
+    ///
+    /// # Errors
+    /// Unreadable file or not 64 hex characters.
+    pub fn load_signing_key(&self) -> anyhow::Result<SigningKey> {
+        read_signing_key(&self.signing_key)
+    }
+}
+
+/// Reads a signing key seed file (64 hex chars, surrounding whitespace ignored).
+///
+/// # Errors
+/// Unreadable file or not 64 hex characters.
+pub fn read_signing_key(path: &Path) -> anyhow::Result<SigningKey> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading signing key {}", path.display()))?;
+    let bytes = from_hex(text.trim())
+        .filter(|b| b.len() == 32)
+        .with_context(|| format!("{}: expected 64 hex characters", path.display()))?;
+    let mut seed = [0u8; 32];
+    seed.copy_from_slice(&bytes);
+    Ok(SigningKey::from_seed(seed))
+}
+
+/// Lower-case hex.
+pub fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Parses hex; `None` on odd length or a non-hex digit.
+pub fn from_hex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}

@@ -1,0 +1,631 @@
+//! One authority replica: Raft node, agent RPC server, leader duties, metrics.
+//!
+//! # Requests
+//! Agents (and operator tools) send [`AuthorityRequest`]s as stream messages to the replica's
+//! `rpc_addr`. The caller is the peer certificate's node id: [`Caller::Operator`] when it
+//! starts with `operator-` or is listed in `operators`, else [`Caller::Node`].
+//! - **Writes** (`Register`, `Transition`, `PutPolicy`) are leader-only. A follower answers
+//!   `NotLeader { leader: <leader rpc_addr> }` (no forwarding: the agent retries at the leader,
+//!   one hop, and the follower never holds a request it cannot commit). A leader that has not
+//!   heard from a quorum for `quorum_stale_ms`, or whose write does not commit within
+//!   `write_timeout_ms`, answers `NoQuorum`. A rules refusal becomes `Refused { code, reason }`,
+//!   except `AlreadyInState`, which answers `Committed` with the current record (a retried
+//!   request whose first attempt committed, e.g. after a `NoQuorum` timeout, is idempotent).
+//! - **Reads** (`GetPolicy`, `Status`) are answered by any replica from its applied state.
+//!
+//! # Leader duties
+//! On becoming leader (each new term) the replica proposes `LeaderTakeover { now_ms }` before
+//! anything else of its own, then every `expire_interval_ms` proposes `ExpireLeases { now_ms }`
+//! when the state says a lease deadline has passed. `now_ms` is this process's monotonic clock.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use metrics::{counter, gauge, histogram};
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{ServerState, SnapshotPolicy};
+use shoal_authority::{AuthorityCommand, Caller, Refusal};
+use shoal_proto::envelope::{self, MessageKind, MAX_STREAM_MESSAGE_BYTES};
+use shoal_proto::rpc::{
+    AuthorityError, AuthorityOk, AuthorityReply, AuthorityRequest, AuthorityRequestBody,
+    AuthorityStatus,
+};
+use shoal_proto::{NodeId, Revision};
+use shoal_transport::certs::{read_pem_file, NodeIdentity};
+use shoal_transport::transport::{Channel, Inbound, Transport, TransportConfig};
+use tokio::sync::{mpsc, watch, Semaphore};
+
+use crate::config::AuthorityConfig;
+use crate::network::{Network, RaftRpc};
+use crate::storage::{Applied, LogStore, StateMachineStore, AUDIT_FILE};
+use crate::types::{Proposal, Raft, RaftId};
+
+/// Capacity of the queue of applied records waiting to be published.
+pub const APPLIED_QUEUE: usize = 4_096;
+
+/// Unix wall-clock ms (what records carry as `committed_at_ms`).
+pub fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Stable machine-readable code of a refusal (the `code` of `AuthorityError::Refused`).
+pub fn refusal_code(r: &Refusal) -> &'static str {
+    match r {
+        Refusal::NotOwner { .. } => "not_owner",
+        Refusal::UnknownInstance => "unknown_instance",
+        Refusal::StaleGeneration { .. } => "stale_generation",
+        Refusal::UnknownGeneration { .. } => "unknown_generation",
+        Refusal::IllegalTransition { .. } => "illegal_transition",
+        Refusal::AlreadyInState(_) => "already_in_state",
+        Refusal::Expired => "expired",
+        Refusal::InvalidRequest(_) => "invalid_request",
+        Refusal::NotAllowed => "not_allowed",
+        Refusal::CapacityExhausted { .. } => "capacity_exhausted",
+    }
+}
+
+/// Maps a peer identity to the caller the state machine authorises.
+pub fn caller_of(peer: &NodeIdentity, operators: &BTreeSet<String>) -> Caller {
+    let id = peer.node_id.as_str();
+    if id.starts_with("operator-") || operators.contains(id) {
+        Caller::Operator
+    } else {
+        Caller::Node(peer.node_id.clone())
+    }
+}
+
+/// A running replica.
+pub struct Replica {
+    cfg: AuthorityConfig,
+    raft: Raft,
+    sm: StateMachineStore,
+    rpc: Transport,
+    raft_rpc: Arc<RaftRpc>,
+    started: Instant,
+    operators: BTreeSet<String>,
+    inflight: Arc<Semaphore>,
+    audit: std::sync::Mutex<Option<std::fs::File>>,
+    takeover_term: AtomicU64,
+}
+
+impl std::fmt::Debug for Replica {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replica").field("id", &self.cfg.id).finish_non_exhaustive()
+    }
+}
+
+fn transport_config(
+    cfg: &AuthorityConfig,
+    listen: SocketAddr,
+    ca: &str,
+    cert: &str,
+    key: &str,
+) -> TransportConfig {
+    let mut t = TransportConfig::new(listen, cfg.region.clone(), ca, cert, key);
+    t.max_stream_message_bytes = MAX_STREAM_MESSAGE_BYTES;
+    t.max_connections = 4_096;
+    t.idle_timeout_ms = 10_000;
+    t.keep_alive_ms = 2_000;
+    t
+}
+
+impl Replica {
+    /// Opens storage, binds both transports, starts Raft (initialising a pristine cluster from
+    /// the lowest member id) and spawns every task. Returns when the replica is serving.
+    ///
+    /// # Errors
+    /// Bad certificates or key, damaged storage (refused, see [`crate::storage`]), an address
+    /// that cannot be bound, or openraft refusing the configuration.
+    pub async fn start(cfg: AuthorityConfig) -> anyhow::Result<Arc<Self>> {
+        cfg.validate()?;
+        let ca = read_pem_file(&cfg.ca)?;
+        let cert = read_pem_file(&cfg.cert)?;
+        let key = read_pem_file(&cfg.key)?;
+        let signing_key = cfg.load_signing_key()?;
+        let me = cfg.me().clone();
+
+        let (applied_tx, applied_rx) = mpsc::channel(APPLIED_QUEUE);
+        let log = LogStore::open(&cfg.data_dir).context("opening the raft log")?;
+        let pristine = log.last_index().is_none() && log.vote().is_none();
+        let sm = StateMachineStore::open(
+            &cfg.data_dir,
+            cfg.region.clone(),
+            signing_key,
+            Some(applied_tx),
+        )
+        .context("opening the state machine")?;
+
+        let (raft_t, raft_in) =
+            Transport::bind(transport_config(&cfg, me.raft_addr, &ca, &cert, &key))?;
+        if raft_t.identity().node_id.as_str() != me.node {
+            anyhow::bail!(
+                "certificate node id {} does not match members[].node {}",
+                raft_t.identity().node_id,
+                me.node
+            );
+        }
+        let (rpc_t, rpc_in) = Transport::bind(transport_config(&cfg, me.rpc_addr, &ca, &cert, &key))?;
+        let raft_rpc = RaftRpc::new(raft_t);
+
+        let raft_config = openraft::Config {
+            cluster_name: format!("shoal-{}", cfg.region),
+            heartbeat_interval: cfg.heartbeat_ms,
+            election_timeout_min: cfg.election_timeout_ms,
+            election_timeout_max: cfg.election_timeout_ms * 2,
+            install_snapshot_timeout: 2_000,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_every_logs),
+            max_in_snapshot_log_to_keep: cfg.keep_logs_after_snapshot,
+            snapshot_max_chunk_size: 256 * 1024,
+            purge_batch_size: 64,
+            ..Default::default()
+        }
+        .validate()?;
+        let raft = Raft::new(
+            cfg.id,
+            Arc::new(raft_config),
+            Network::new(raft_rpc.clone()),
+            log,
+            sm.clone(),
+        )
+        .await?;
+        let members: BTreeSet<String> = cfg.members.iter().map(|m| m.node.clone()).collect();
+        tokio::spawn(raft_rpc.clone().serve(raft_in, raft.clone(), members));
+
+        let lowest = cfg.members.iter().map(|m| m.id).min().expect("validated");
+        if pristine && cfg.id == lowest {
+            tracing::info!(members = ?cfg.raft_members(), "pristine lowest-id replica: initialising the cluster");
+            if let Err(e) = raft.initialize(cfg.raft_members()).await {
+                tracing::warn!(error = %e, "initialize");
+            }
+        }
+
+        let audit = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(cfg.data_dir.join(AUDIT_FILE))
+            .ok();
+        let replica = Arc::new(Self {
+            operators: cfg.operators.iter().cloned().collect(),
+            inflight: Arc::new(Semaphore::new(cfg.max_inflight_requests)),
+            cfg,
+            raft,
+            sm,
+            rpc: rpc_t,
+            raft_rpc,
+            started: Instant::now(),
+            audit: std::sync::Mutex::new(audit),
+            takeover_term: AtomicU64::new(0),
+        });
+        tokio::spawn(replica.clone().serve_rpc(rpc_in));
+        tokio::spawn(replica.clone().leader_duties());
+        tokio::spawn(drain_applied(applied_rx));
+        tracing::info!(id = replica.cfg.id, node = %me.node, rpc = %me.rpc_addr, raft = %me.raft_addr, "authority replica started");
+        Ok(replica)
+    }
+
+    /// The Raft handle.
+    pub fn raft(&self) -> &Raft {
+        &self.raft
+    }
+
+    /// The state machine.
+    pub fn state_machine(&self) -> &StateMachineStore {
+        &self.sm
+    }
+
+    fn mono_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Builds a snapshot now (also done every `snapshot_every_logs` entries).
+    ///
+    /// # Errors
+    /// Raft has stopped.
+    pub async fn snapshot_now(&self) -> anyhow::Result<()> {
+        self.raft.trigger().snapshot().await?;
+        Ok(())
+    }
+
+    /// Builds a final snapshot, stops Raft and closes both transports.
+    pub async fn shutdown(&self) {
+        let _ = self.snapshot_now().await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let _ = self.raft.shutdown().await;
+        self.rpc.shutdown().await;
+        self.raft_rpc.transport().shutdown().await;
+    }
+
+    /// This replica's status.
+    pub fn status(&self) -> AuthorityStatus {
+        let m = self.raft.metrics().borrow().clone();
+        let node_of = |id: RaftId| -> Option<NodeId> {
+            m.membership_config
+                .membership()
+                .get_node(&id)
+                .and_then(|n| n.node.parse().ok())
+        };
+        let (revision, applied): (Revision, u64) = self.sm.with_state(|s| {
+            (
+                s.head_revision(),
+                s.last_applied_index(),
+            )
+        });
+        let _ = applied;
+        AuthorityStatus {
+            node: self.cfg.me().node.parse().unwrap_or_else(|_| {
+                "unknown".parse().expect("valid node id")
+            }),
+            leader: m.current_leader.and_then(node_of),
+            term: m.current_term,
+            applied_index: m.last_applied.map_or(0, |l| l.index),
+            revision,
+            members: m
+                .membership_config
+                .membership()
+                .voter_ids()
+                .filter_map(node_of)
+                .collect(),
+        }
+    }
+
+    fn leader_rpc_addr(&self) -> Option<String> {
+        let m = self.raft.metrics().borrow().clone();
+        let leader = m.current_leader?;
+        m.membership_config
+            .membership()
+            .get_node(&leader)
+            .map(|n| n.rpc_addr.clone())
+    }
+
+    async fn serve_rpc(self: Arc<Self>, mut inbound: mpsc::Receiver<Inbound>) {
+        while let Some(msg) = inbound.recv().await {
+            if msg.channel != Channel::Stream {
+                continue; // no mesh member embedded yet: datagrams are not for us
+            }
+            let req: AuthorityRequest = match envelope::decode(
+                &msg.bytes,
+                MessageKind::AuthorityRequest,
+                MAX_STREAM_MESSAGE_BYTES,
+            ) {
+                Ok(r) => r,
+                Err(e) => {
+                    counter!("shoal_authority_rpc_rejected_total", "reason" => e.as_label())
+                        .increment(1);
+                    continue;
+                }
+            };
+            let Ok(permit) = self.inflight.clone().try_acquire_owned() else {
+                counter!("shoal_authority_rpc_rejected_total", "reason" => "overload").increment(1);
+                self.reply(msg.from, req.request_id, Err(AuthorityError::NoQuorum));
+                continue;
+            };
+            let this = self.clone();
+            tokio::spawn(async move {
+                let result = this.handle(&msg.peer, req.body).await;
+                this.reply(msg.from, req.request_id, result);
+                drop(permit);
+            });
+        }
+    }
+
+    fn reply(&self, to: SocketAddr, request_id: u64, result: Result<AuthorityOk, AuthorityError>) {
+        let reply = AuthorityReply { request_id, result };
+        match envelope::encode(MessageKind::AuthorityReply, &reply, MAX_STREAM_MESSAGE_BYTES) {
+            Ok(bytes) => {
+                if let Err(e) = self.rpc.send_stream_message(to, bytes) {
+                    tracing::debug!(error = %e, %to, "reply not sent");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "reply too large"),
+        }
+    }
+
+    /// Handles one request from `peer` (exposed for in-process tests).
+    pub async fn handle(
+        &self,
+        peer: &NodeIdentity,
+        body: AuthorityRequestBody,
+    ) -> Result<AuthorityOk, AuthorityError> {
+        let caller = caller_of(peer, &self.operators);
+        let (cmd, policy_key) = match body {
+            AuthorityRequestBody::Status => return Ok(AuthorityOk::Status(self.status())),
+            AuthorityRequestBody::GetPolicy { key } => {
+                return Ok(AuthorityOk::Policy(
+                    self.sm.with_state(|s| s.policy(&key).cloned()),
+                ))
+            }
+            AuthorityRequestBody::Register {
+                key,
+                instance,
+                on_node,
+                endpoint,
+                lease_ms,
+            } => (
+                AuthorityCommand::Register {
+                    caller,
+                    key,
+                    instance,
+                    on_node,
+                    endpoint,
+                    lease_ms,
+                },
+                None,
+            ),
+            AuthorityRequestBody::Transition {
+                key,
+                instance,
+                generation,
+                to,
+                reason,
+            } => (
+                AuthorityCommand::Transition {
+                    caller,
+                    key,
+                    instance,
+                    generation,
+                    to,
+                    reason,
+                },
+                None,
+            ),
+            AuthorityRequestBody::PutPolicy { key, policy } => (
+                AuthorityCommand::PutPolicy {
+                    caller,
+                    key: key.clone(),
+                    policy,
+                },
+                Some(key),
+            ),
+        };
+        let started = Instant::now();
+        let res = self.write(cmd.clone()).await;
+        let outcome = match &res {
+            Ok(_) => "committed",
+            Err(AuthorityError::Refused { .. }) => "refused",
+            Err(AuthorityError::NotLeader { .. }) => "not_leader",
+            Err(AuthorityError::NoQuorum) => "no_quorum",
+            Err(AuthorityError::Invalid(_)) => "invalid",
+        };
+        counter!("shoal_authority_writes_total", "outcome" => outcome).increment(1);
+        if res.is_ok() {
+            histogram!("shoal_authority_commit_latency_seconds")
+                .record(started.elapsed().as_secs_f64());
+        }
+        if let Err(e) = &res {
+            if !matches!(e, AuthorityError::Refused { .. }) {
+                self.audit_rejected(peer, &cmd, e);
+            }
+        }
+        match (res, policy_key) {
+            (Ok(_), Some(key)) => Ok(AuthorityOk::Policy(
+                self.sm.with_state(|s| s.policy(&key).cloned()),
+            )),
+            (Ok(records), None) => Ok(AuthorityOk::Committed { records }),
+            (Err(e), _) => Err(e),
+        }
+    }
+
+    /// Proposes `cmd` and waits for its outcome, bounded by `write_timeout_ms`.
+    async fn write(
+        &self,
+        cmd: AuthorityCommand,
+    ) -> Result<Vec<shoal_proto::SignedLifecycle>, AuthorityError> {
+        let m = self.raft.metrics().borrow().clone();
+        if m.state != ServerState::Leader {
+            return Err(AuthorityError::NotLeader {
+                leader: self.leader_rpc_addr(),
+            });
+        }
+        if m
+            .millis_since_quorum_ack
+            .is_some_and(|ms| ms > self.cfg.quorum_stale_ms)
+        {
+            return Err(AuthorityError::NoQuorum);
+        }
+        let retry = match &cmd {
+            AuthorityCommand::Transition { key, instance, .. } => Some((key.clone(), instance.clone())),
+            _ => None,
+        };
+        let proposal = Proposal {
+            cmd,
+            proposed_at_ms: wall_ms(),
+        };
+        let timeout = Duration::from_millis(self.cfg.write_timeout_ms);
+        let res = match tokio::time::timeout(timeout, self.raft.client_write(proposal)).await {
+            Err(_) => return Err(AuthorityError::NoQuorum),
+            Ok(r) => r,
+        };
+        match res {
+            Ok(resp) => match resp.data {
+                Ok(records) => Ok(records),
+                Err(Refusal::AlreadyInState(_)) if retry.is_some() => {
+                    let (key, instance) = retry.expect("checked");
+                    counter!("shoal_authority_refusals_total", "code" => "already_in_state")
+                        .increment(1);
+                    Ok(self.sm.with_state(|s| {
+                        s.binding(&key, &instance)
+                            .map(|b| vec![b.current().clone()])
+                            .unwrap_or_default()
+                    }))
+                }
+                Err(refusal) => {
+                    let code = refusal_code(&refusal);
+                    counter!("shoal_authority_refusals_total", "code" => code).increment(1);
+                    Err(AuthorityError::Refused {
+                        code: code.to_string(),
+                        reason: refusal.to_string(),
+                    })
+                }
+            },
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(AuthorityError::NotLeader {
+                    leader: f.leader_node.map(|n| n.rpc_addr),
+                })
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "client_write failed");
+                Err(AuthorityError::NoQuorum)
+            }
+        }
+    }
+
+    fn audit_rejected(&self, peer: &NodeIdentity, cmd: &AuthorityCommand, e: &AuthorityError) {
+        let line = serde_json::json!({
+            "rpc_rejected": {
+                "at_ms": wall_ms(),
+                "peer": peer.node_id.as_str(),
+                "command": format!("{cmd:?}"),
+                "error": e.to_string(),
+            }
+        });
+        if let Some(f) = self.audit.lock().expect("audit lock").as_mut() {
+            use std::io::Write;
+            let _ = writeln!(f, "{line}");
+        }
+    }
+
+    /// Leader duties: `LeaderTakeover` once per term won, periodic `ExpireLeases`, metrics.
+    async fn leader_duties(self: Arc<Self>) {
+        let mut metrics: watch::Receiver<_> = self.raft.metrics();
+        let mut tick = tokio::time::interval(Duration::from_millis(self.cfg.expire_interval_ms));
+        let mut last_leader: Option<RaftId> = None;
+        loop {
+            tokio::select! {
+                r = metrics.changed() => if r.is_err() { return },
+                _ = tick.tick() => {},
+            }
+            let m = metrics.borrow().clone();
+            gauge!("shoal_authority_term").set(m.current_term as f64);
+            gauge!("shoal_authority_applied_index")
+                .set(m.last_applied.map_or(0, |l| l.index) as f64);
+            let is_leader = m.state == ServerState::Leader;
+            gauge!("shoal_authority_is_leader").set(if is_leader { 1.0 } else { 0.0 });
+            let quorum = m.current_leader.is_some()
+                && (!is_leader
+                    || m.millis_since_quorum_ack
+                        .is_some_and(|ms| ms <= self.cfg.quorum_stale_ms));
+            gauge!("shoal_authority_quorum").set(if quorum { 1.0 } else { 0.0 });
+            if m.current_leader != last_leader {
+                if m.current_leader.is_some() {
+                    counter!("shoal_authority_leader_changes_total").increment(1);
+                }
+                last_leader = m.current_leader;
+            }
+            if !is_leader {
+                continue;
+            }
+            let term = m.current_term;
+            if self.takeover_term.load(Ordering::Acquire) < term {
+                self.takeover_term.store(term, Ordering::Release);
+                let this = self.clone();
+                tokio::spawn(async move {
+                    let now_ms = this.mono_ms();
+                    match this.write(AuthorityCommand::LeaderTakeover { now_ms }).await {
+                        Ok(_) => tracing::info!(term, now_ms, "leader takeover committed"),
+                        Err(e) => {
+                            tracing::warn!(term, error = %e, "leader takeover not committed");
+                            // Retry at the next tick.
+                            this.takeover_term.store(term.saturating_sub(1), Ordering::Release);
+                        }
+                    }
+                });
+                continue;
+            }
+            let now_ms = self.mono_ms();
+            let due = self
+                .sm
+                .with_state(|s| s.next_lease_deadline_ms().is_some_and(|d| d <= now_ms));
+            if due {
+                let this = self.clone();
+                tokio::spawn(async move {
+                    match this.write(AuthorityCommand::ExpireLeases { now_ms }).await {
+                        Ok(recs) => tracing::info!(expired = recs.len(), "lease safety net"),
+                        Err(e) => tracing::warn!(error = %e, "expire leases not committed"),
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// Consumes applied records. Without an embedded mesh member the records reach agents through
+/// the requesting agent (which injects the signed reply) and mesh anti-entropy; this task only
+/// counts them.
+async fn drain_applied(mut rx: mpsc::Receiver<Applied>) {
+    while let Some(a) = rx.recv().await {
+        counter!("shoal_authority_records_signed_total").increment(a.records.len() as u64);
+        let _ = a.log_index;
+    }
+}
+
+/// Installs the Prometheus recorder and serves its text rendering on `addr` (plain HTTP/1.0,
+/// one response per connection). Loopback addresses only.
+///
+/// # Errors
+/// A non-loopback address, or the port cannot be bound.
+pub async fn serve_metrics(addr: SocketAddr) -> anyhow::Result<SocketAddr> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    if !addr.ip().is_loopback() {
+        anyhow::bail!("metrics_addr {addr} must be a loopback address");
+    }
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets(&[
+            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+        ])?
+        .build_recorder();
+    let handle = recorder.handle();
+    metrics::set_global_recorder(recorder).context("a metrics recorder is already installed")?;
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = listener.accept().await else {
+                continue;
+            };
+            let body = handle.render();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                let _ = tokio::time::timeout(Duration::from_secs(2), sock.read(&mut buf)).await;
+                let head = format!(
+                    "HTTP/1.0 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\n\r\n",
+                    body.len()
+                );
+                let _ = sock.write_all(head.as_bytes()).await;
+                let _ = sock.write_all(body.as_bytes()).await;
+            });
+        }
+    });
+    Ok(bound)
+}
+
+/// Runs a replica until SIGINT/SIGTERM, then shuts it down (final snapshot first).
+///
+/// # Errors
+/// As [`Replica::start`], or the metrics endpoint cannot be bound.
+pub async fn run(cfg: AuthorityConfig) -> anyhow::Result<()> {
+    if let Some(addr) = cfg.metrics_addr {
+        let bound = serve_metrics(addr).await?;
+        tracing::info!(%bound, "metrics endpoint");
+    }
+    let replica = Replica::start(cfg).await?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term.recv() => {},
+    }
+    tracing::info!("shutting down");
+    replica.shutdown().await;
+    Ok(())
+}
+
+/// Leader-only view used by tests: the voters as `(raft id, node)`.
+pub fn members_of(cfg: &AuthorityConfig) -> BTreeMap<RaftId, String> {
+    cfg.members.iter().map(|m| (m.id, m.node.clone())).collect()
+}

@@ -1,0 +1,493 @@
+//! Cross-process tests: three real `shoal-authority` processes on 127.0.0.x loopback addresses
+//! with certificates generated in a temp dir. No fixed sleeps: every wait polls with a deadline.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use shoal_authority_server::client::AuthorityClient;
+use shoal_authority_server::config::to_hex;
+use shoal_authority_server::storage;
+use shoal_catalog::verify::Keyring;
+use shoal_catalog::{Catalog, MergeOutcome};
+use shoal_proto::rpc::{AuthorityError, AuthorityOk, AuthorityRequestBody, AuthorityStatus};
+use shoal_proto::{
+    Generation, LifecycleState, NodeId, Region, ServiceKey, SignedLifecycle,
+    SigningKey, TransitionReason,
+};
+use shoal_transport::certs::{generate_ca, generate_node_cert, CertPair, ExtraSans, Validity};
+
+const BIN: &str = env!("CARGO_BIN_EXE_shoal-authority");
+
+struct Node {
+    id: u64,
+    dir: PathBuf,
+    config: PathBuf,
+    rpc: SocketAddr,
+    child: Option<Child>,
+}
+
+struct Cluster {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+    nodes: Vec<Node>,
+    key: SigningKey,
+    ca: CertPair,
+    region: Region,
+}
+
+fn free_port(ip: &str) -> u16 {
+    UdpSocket::bind(format!("{ip}:0"))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn write_pair(dir: &Path, name: &str, p: &CertPair) -> (PathBuf, PathBuf) {
+    let c = dir.join(format!("{name}.pem"));
+    let k = dir.join(format!("{name}.key"));
+    std::fs::write(&c, &p.cert_pem).unwrap();
+    std::fs::write(&k, &p.key_pem).unwrap();
+    (c, k)
+}
+
+impl Cluster {
+    fn new(n: usize, snapshot_every: u64) -> Self {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().to_path_buf();
+        let region: Region = "test-1".parse().unwrap();
+        let ca = generate_ca(&region, Validity::from_now(Duration::from_secs(3600))).unwrap();
+        std::fs::write(root.join("ca.pem"), &ca.cert_pem).unwrap();
+        let key = SigningKey::from_seed([9; 32]);
+        std::fs::write(root.join("region.key"), to_hex(&[9; 32])).unwrap();
+        let base = 20 + (std::process::id() % 200) as u8;
+        let addrs: Vec<(String, u16, u16)> = (0..n)
+            .map(|i| {
+                let ip = format!("127.0.0.{}", base + i as u8);
+                let a = free_port(&ip);
+                let b = free_port(&ip);
+                (ip, a, b)
+            })
+            .collect();
+        let mut members = String::new();
+        for (i, (ip, r, p)) in addrs.iter().enumerate() {
+            members.push_str(&format!(
+                "[[members]]\nid = {}\nnode = \"auth-{}\"\nraft_addr = \"{ip}:{r}\"\nrpc_addr = \"{ip}:{p}\"\n\n",
+                i + 1,
+                i + 1
+            ));
+        }
+        let mut nodes = Vec::new();
+        for (i, (ip, _, p)) in addrs.iter().enumerate() {
+            let id = i as u64 + 1;
+            let dir = root.join(format!("auth-{id}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            let node: NodeId = format!("auth-{id}").parse().unwrap();
+            let pair = generate_node_cert(
+                &ca,
+                &node,
+                &region,
+                &ExtraSans::default(),
+                Validity::from_now(Duration::from_secs(3600)),
+            )
+            .unwrap();
+            let (c, k) = write_pair(&root, &format!("auth-{id}"), &pair);
+            let config = root.join(format!("auth-{id}.toml"));
+            std::fs::write(
+                &config,
+                format!(
+                    "id = {id}\nregion = \"test-1\"\ndata_dir = \"{}\"\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
+                     signing_key = \"{}\"\nheartbeat_ms = 100\nelection_timeout_ms = 500\nwrite_timeout_ms = 2000\n\
+                     quorum_stale_ms = 1000\nsnapshot_every_logs = {snapshot_every}\nkeep_logs_after_snapshot = 5\n\n{members}",
+                    dir.join("data").display(),
+                    root.join("ca.pem").display(),
+                    c.display(),
+                    k.display(),
+                    root.join("region.key").display(),
+                ),
+            )
+            .unwrap();
+            nodes.push(Node {
+                id,
+                dir,
+                config,
+                rpc: format!("{ip}:{p}").parse().unwrap(),
+                child: None,
+            });
+        }
+        Self {
+            _tmp: tmp,
+            root,
+            nodes,
+            key,
+            ca,
+            region,
+        }
+    }
+
+    fn start(&mut self, i: usize) {
+        let n = &mut self.nodes[i];
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(n.dir.join("stderr.log"))
+            .unwrap();
+        let child = Command::new(BIN)
+            .args(["run", "--config"])
+            .arg(&n.config)
+            .env("RUST_LOG", "info,openraft=warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        n.child = Some(child);
+    }
+
+    fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.nodes[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn client(&self, node: &str) -> AuthorityClient {
+        let node: NodeId = node.parse().unwrap();
+        let pair = generate_node_cert(
+            &self.ca,
+            &node,
+            &self.region,
+            &ExtraSans::default(),
+            Validity::from_now(Duration::from_secs(3600)),
+        )
+        .unwrap();
+        AuthorityClient::connect(
+            "127.0.0.1:0".parse().unwrap(),
+            &self.ca.cert_pem,
+            &pair.cert_pem,
+            &pair.key_pem,
+        )
+        .unwrap()
+    }
+
+    fn addrs(&self) -> Vec<SocketAddr> {
+        self.nodes.iter().map(|n| n.rpc).collect()
+    }
+
+    fn dump_logs(&self) {
+        for n in &self.nodes {
+            let t = std::fs::read_to_string(n.dir.join("stderr.log")).unwrap_or_default();
+            let tail: Vec<&str> = t.lines().rev().take(30).collect();
+            eprintln!("---- auth-{} ----", n.id);
+            for l in tail.into_iter().rev() {
+                eprintln!("{l}");
+            }
+        }
+        let _ = &self.root;
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.dump_logs();
+        }
+        for i in 0..self.nodes.len() {
+            self.kill(i);
+        }
+    }
+}
+
+async fn status(c: &AuthorityClient, addr: SocketAddr) -> Option<AuthorityStatus> {
+    match c
+        .call(addr, AuthorityRequestBody::Status, Duration::from_millis(500))
+        .await
+    {
+        Ok(Ok(AuthorityOk::Status(s))) => Some(s),
+        _ => None,
+    }
+}
+
+/// Polls until every live replica in `live` agrees on one leader among them; returns its index.
+async fn wait_leader(cl: &Cluster, c: &AuthorityClient, live: &[usize], within: Duration) -> usize {
+    let deadline = Instant::now() + within;
+    loop {
+        let mut leaders = Vec::new();
+        for &i in live {
+            leaders.push(status(c, cl.nodes[i].rpc).await.and_then(|s| s.leader));
+        }
+        if let Some(Some(l)) = leaders.first() {
+            if leaders.iter().all(|x| x.as_ref() == Some(l)) {
+                let idx = cl
+                    .nodes
+                    .iter()
+                    .position(|n| format!("auth-{}", n.id) == l.as_str())
+                    .unwrap();
+                if live.contains(&idx) {
+                    return idx;
+                }
+            }
+        }
+        assert!(Instant::now() < deadline, "no agreed leader within {within:?}: {leaders:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn key() -> ServiceKey {
+    "prod/payments/http".parse().unwrap()
+}
+
+fn register(i: u32) -> AuthorityRequestBody {
+    AuthorityRequestBody::Register {
+        key: key(),
+        instance: format!("pay-{i}").parse().unwrap(),
+        on_node: None,
+        endpoint: shoal_catalog::testkit::Fixture::spec(i),
+        lease_ms: 60_000,
+    }
+}
+
+fn transition(i: u32, generation: Generation, to: LifecycleState) -> AuthorityRequestBody {
+    let reason = match to {
+        LifecycleState::Ready => TransitionReason::ReadinessPassed,
+        LifecycleState::Draining => TransitionReason::DrainRequested,
+        _ => TransitionReason::Deregistered,
+    };
+    AuthorityRequestBody::Transition {
+        key: key(),
+        instance: format!("pay-{i}").parse().unwrap(),
+        generation,
+        to,
+        reason,
+    }
+}
+
+fn committed(r: Result<AuthorityOk, AuthorityError>) -> Vec<SignedLifecycle> {
+    match r {
+        Ok(AuthorityOk::Committed { records }) => records,
+        other => panic!("expected Committed, got {other:?}"),
+    }
+}
+
+const BUDGET: Duration = Duration::from_secs(15);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_authorities_failover_quorum_loss_and_stale_generations() {
+    let mut cl = Cluster::new(3, 20);
+    for i in 0..3 {
+        cl.start(i);
+    }
+    let c = cl.client("node-a");
+    let all = [0, 1, 2];
+    let leader = wait_leader(&cl, &c, &all, Duration::from_secs(20)).await;
+    let addrs = cl.addrs();
+    let vk = cl.key.verifying_key();
+
+    // Writes commit, signed by the region key, revisions increasing.
+    let mut accepted: Vec<SignedLifecycle> = Vec::new();
+    let mut gens = Vec::new();
+    for i in 0..10 {
+        let r = committed(c.write(&addrs, register(i), BUDGET).await);
+        assert_eq!(r[0].record.state, LifecycleState::Starting);
+        vk.verify_lifecycle(&r[0]).unwrap();
+        gens.push(r[0].record.generation);
+        accepted.extend(r);
+        let r = committed(
+            c.write(&addrs, transition(i, gens[i as usize], LifecycleState::Ready), BUDGET)
+                .await,
+        );
+        vk.verify_lifecycle(&r[0]).unwrap();
+        accepted.extend(r);
+    }
+    let revs: Vec<u64> = accepted.iter().map(|r| r.record.revision.0).collect();
+    assert!(revs.windows(2).all(|w| w[0] < w[1]), "{revs:?}");
+
+    // A follower answers NotLeader naming the leader's RPC address.
+    let follower = (leader + 1) % 3;
+    match c
+        .call(
+            cl.nodes[follower].rpc,
+            transition(0, gens[0], LifecycleState::Draining),
+            Duration::from_secs(3),
+        )
+        .await
+        .unwrap()
+    {
+        Err(AuthorityError::NotLeader { leader: Some(l) }) => {
+            assert_eq!(l, cl.nodes[leader].rpc.to_string())
+        }
+        other => panic!("expected NotLeader, got {other:?}"),
+    }
+
+    // Kill the leader: a new one is elected and writes continue.
+    cl.kill(leader);
+    let live: Vec<usize> = all.iter().copied().filter(|&i| i != leader).collect();
+    let leader2 = wait_leader(&cl, &c, &live, Duration::from_secs(20)).await;
+    assert_ne!(leader2, leader);
+    let max_before = *revs.last().unwrap();
+    // No accepted transition lost: re-asking READY returns the very record accepted before.
+    for i in 0..10u32 {
+        let r = committed(
+            c.write(&addrs, transition(i, gens[i as usize], LifecycleState::Ready), BUDGET)
+                .await,
+        );
+        assert_eq!(r[0], accepted[(2 * i + 1) as usize], "instance {i}");
+    }
+    let r = committed(
+        c.write(&addrs, transition(0, gens[0], LifecycleState::Draining), BUDGET)
+            .await,
+    );
+    assert!(r[0].record.revision.0 > max_before, "revisions stay monotonic");
+    vk.verify_lifecycle(&r[0]).unwrap();
+
+    // A delayed request from an older generation is refused and never resurrects.
+    let new_gen = committed(c.write(&addrs, register(1), BUDGET).await)[0]
+        .record
+        .generation;
+    assert!(new_gen > gens[1]);
+    match c
+        .write(&addrs, transition(1, gens[1], LifecycleState::Draining), BUDGET)
+        .await
+    {
+        Err(AuthorityError::Refused { code, .. }) => assert_eq!(code, "stale_generation"),
+        other => panic!("expected a stale_generation refusal, got {other:?}"),
+    }
+
+    // Restart the old leader: it rejoins and converges.
+    cl.start(leader);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s: Vec<_> = futures_join(&c, &cl, &all).await;
+        let applied: Vec<Option<u64>> = s.iter().map(|x| x.as_ref().map(|s| s.revision.0)).collect();
+        if applied.iter().all(|a| a.is_some() && *a == applied[0]) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no convergence: {applied:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Stop 2 of 3 (both followers): the leader answers NoQuorum within a bound.
+    let leader3 = wait_leader(&cl, &c, &all, Duration::from_secs(20)).await;
+    let others: Vec<usize> = all.iter().copied().filter(|&i| i != leader3).collect();
+    for &i in &others {
+        cl.kill(i);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let t = Instant::now();
+        let r = c
+            .call(
+                cl.nodes[leader3].rpc,
+                transition(2, gens[2], LifecycleState::Draining),
+                Duration::from_secs(5),
+            )
+            .await;
+        let took = t.elapsed();
+        match r {
+            Ok(Err(AuthorityError::NoQuorum)) => {
+                assert!(took < Duration::from_millis(2_500), "NoQuorum took {took:?}");
+                break;
+            }
+            Ok(Err(AuthorityError::NotLeader { .. })) | Err(_) => {}
+            Ok(Ok(_)) => {} // committed before the followers' loss was noticed
+            Ok(other) => panic!("unexpected {other:?}"),
+        }
+        assert!(Instant::now() < deadline, "never answered NoQuorum");
+    }
+    // Restart them: writes commit again.
+    for &i in &others {
+        cl.start(i);
+    }
+    let r = c
+        .write(&addrs, transition(3, gens[3], LifecycleState::Draining), Duration::from_secs(30))
+        .await;
+    committed(r);
+
+    // Snapshots were built (every 20 entries) and can be saved; a snapshot is a valid state.
+    let snap = cl.root.join("saved.snapshot");
+    let data = cl.nodes[leader3].dir.join("data");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while storage::save_snapshot(&data, &snap).is_err() {
+        assert!(Instant::now() < deadline, "no snapshot");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    c.shutdown().await;
+}
+
+async fn futures_join(c: &AuthorityClient, cl: &Cluster, idx: &[usize]) -> Vec<Option<AuthorityStatus>> {
+    let mut out = Vec::new();
+    for &i in idx {
+        out.push(status(c, cl.nodes[i].rpc).await);
+    }
+    out
+}
+
+/// An authority restored from an older snapshot rewinds the region, but agents never accept
+/// the older state over newer: its new records for the same generation carry lower revisions
+/// and are `Stale` for a catalog holding the newer ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restored_older_snapshot_never_overrides_newer_records_at_agents() {
+    let mut cl = Cluster::new(1, 5);
+    cl.start(0);
+    let c = cl.client("node-b");
+    let addrs = cl.addrs();
+    wait_leader(&cl, &c, &[0], Duration::from_secs(20)).await;
+    let mut keyring = Keyring::new();
+    keyring.trust_authority(cl.region.clone(), cl.key.verifying_key());
+    let mut catalog = Catalog::new();
+
+    let mut gens = Vec::new();
+    for i in 0..4 {
+        let r = committed(c.write(&addrs, register(i), BUDGET).await);
+        gens.push(r[0].record.generation);
+        for rec in r {
+            assert_eq!(catalog.apply_lifecycle(Arc::new(rec), &keyring), MergeOutcome::Applied);
+        }
+    }
+    // Wait for a snapshot covering the registrations, and save it (the "older" snapshot).
+    let data = cl.nodes[0].dir.join("data");
+    let old = cl.root.join("old.snapshot");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(meta) = storage::save_snapshot(&data, &old) {
+            if meta.last_log_id.is_some_and(|l| l.index >= 5) {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "no snapshot");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Newer state: READY then DRAINING for every instance, held by the agent's catalog.
+    for i in 0..4u32 {
+        for to in [LifecycleState::Ready, LifecycleState::Draining] {
+            for rec in committed(c.write(&addrs, transition(i, gens[i as usize], to), BUDGET).await) {
+                assert_eq!(catalog.apply_lifecycle(Arc::new(rec), &keyring), MergeOutcome::Applied);
+            }
+        }
+    }
+    // Disaster recovery from the older snapshot.
+    cl.kill(0);
+    storage::restore_snapshot(&data, &old).unwrap();
+    cl.start(0);
+    wait_leader(&cl, &c, &[0], Duration::from_secs(20)).await;
+    // The restored authority thinks the instances are STARTING/READY at old revisions; what
+    // it signs now is older than what agents hold for the same generation.
+    for i in 0..4u32 {
+        let r = c
+            .write(&addrs, transition(i, gens[i as usize], LifecycleState::Ready), BUDGET)
+            .await;
+        if let Ok(AuthorityOk::Committed { records }) = r {
+            for rec in records {
+                let out = catalog.apply_lifecycle(Arc::new(rec.clone()), &keyring);
+                assert!(
+                    matches!(out, MergeOutcome::Stale | MergeOutcome::Conflict),
+                    "instance {i}: record at revision {} was {out:?}",
+                    rec.record.revision.0
+                );
+            }
+        }
+    }
+    c.shutdown().await;
+}
