@@ -452,7 +452,7 @@ async fn restored_older_snapshot_never_overrides_newer_records_at_agents() {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if let Ok(meta) = storage::save_snapshot(&data, &old) {
-            if meta.last_log_id.is_some_and(|l| l.index >= 5) {
+            if meta.last_log_id.is_some_and(|l| l.index >= 4) {
                 break;
             }
         }
@@ -472,6 +472,7 @@ async fn restored_older_snapshot_never_overrides_newer_records_at_agents() {
     storage::restore_snapshot(&data, &old).unwrap();
     cl.start(0);
     wait_leader(&cl, &c, &[0], Duration::from_secs(20)).await;
+    let mut checked = 0;
     // The restored authority thinks the instances are STARTING/READY at old revisions; what
     // it signs now is older than what agents hold for the same generation.
     for i in 0..4u32 {
@@ -486,8 +487,10 @@ async fn restored_older_snapshot_never_overrides_newer_records_at_agents() {
                     "instance {i}: record at revision {} was {out:?}",
                     rec.record.revision.0
                 );
+                checked += 1;
             }
         }
     }
+    assert!(checked >= 1, "the restored authority signed nothing to compare");
     c.shutdown().await;
 }
