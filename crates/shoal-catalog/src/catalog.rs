@@ -160,13 +160,15 @@ pub struct ServiceEntries {
 struct RegionState {
     head: ChainHead,
     gc_floor: Revision,
-    by_revision: BTreeMap<Revision, (ServiceKey, InstanceId)>,
+    /// Current record of every held entry, by its revision (the record names its key).
+    by_revision: BTreeMap<Revision, Arc<SignedLifecycle>>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct OwnerState {
     head: ChainHead,
-    by_seq: BTreeMap<(Generation, HealthSeq), (ServiceKey, InstanceId)>,
+    /// Current health record of every held entry of this owner, by (boot, seq).
+    by_seq: BTreeMap<(Generation, HealthSeq), Arc<SignedHealth>>,
 }
 
 /// Head of one region's authority chain, as exchanged in anti-entropy and stored in snapshots.
@@ -400,6 +402,12 @@ impl Catalog {
         regions.chain(owners).collect()
     }
 
+    /// Number of open gaps (authority and owner chains), without allocating.
+    pub fn open_gaps(&self) -> usize {
+        self.regions.values().filter(|s| s.head.gap().is_some()).count()
+            + self.owners.values().filter(|s| s.head.gap().is_some()).count()
+    }
+
     /// Per-origin heads, sorted.
     pub fn heads(&self) -> Heads {
         Heads {
@@ -476,7 +484,7 @@ impl Catalog {
         let reused = region
             .by_revision
             .get(&rec.revision)
-            .is_some_and(|(k, i)| (k, i) != (&rec.key, &rec.instance));
+            .is_some_and(|r| (&r.record.key, &r.record.instance) != (&rec.key, &rec.instance));
         let outcome = if outcome == MergeOutcome::Applied && reused {
             MergeOutcome::Conflict
         } else {
@@ -504,9 +512,7 @@ impl Catalog {
             .regions
             .get_mut(&rec.region)
             .expect("region created on merge");
-        region
-            .by_revision
-            .insert(rec.revision, (key.clone(), instance.clone()));
+        region.by_revision.insert(rec.revision, Arc::clone(&signed));
         let service = self.services.entry(key).or_default();
         service.modify_index = index;
         match service.instances.get_mut(&instance) {
@@ -650,10 +656,9 @@ impl Catalog {
         let rec = &signed.record;
         let marker = rec.order();
         let owner = self.owners.entry(rec.owner.clone()).or_default();
-        owner.by_seq.insert(
-            (rec.owner_boot, rec.seq),
-            (rec.key.clone(), rec.instance.clone()),
-        );
+        owner
+            .by_seq
+            .insert((rec.owner_boot, rec.seq), Arc::clone(&signed));
         let service = self.services.get_mut(&rec.key).expect("checked in merge");
         service.modify_index = index;
         let entry = service
@@ -747,15 +752,12 @@ impl Catalog {
         }
         let mut records = Vec::new();
         let mut truncated_at = None;
-        for (rev, (key, instance)) in state.by_revision.range(since.next()..) {
+        for (rev, rec) in state.by_revision.range(since.next()..) {
             if records.len() == max_records {
                 truncated_at = Some(Revision(rev.0 - 1));
                 break;
             }
-            let entry = self
-                .entry(key, instance)
-                .expect("index points at held entries");
-            records.push(entry.lifecycle.val.clone());
+            records.push(Arc::clone(rec));
         }
         let contiguous = Revision(state.head.contiguous());
         let complete_to = truncated_at
@@ -794,16 +796,12 @@ impl Catalog {
         if our_boot >= boot {
             let start = (our_boot, from.next());
             let end = (our_boot.next(), HealthSeq(0));
-            for ((_, seq), (key, instance)) in state.by_seq.range(start..end) {
+            for ((_, seq), rec) in state.by_seq.range(start..end) {
                 if records.len() == max_records {
                     truncated_at = Some(HealthSeq(seq.0 - 1));
                     break;
                 }
-                let entry = self
-                    .entry(key, instance)
-                    .expect("index points at held entries");
-                let health = entry.health.as_ref().expect("indexed health exists");
-                records.push(health.val.clone());
+                records.push(Arc::clone(rec));
             }
         }
         let contiguous = HealthSeq(state.head.contiguous());
@@ -900,10 +898,9 @@ impl Catalog {
             return 0;
         }
         let mut doomed = Vec::new();
-        for (rev, (key, instance)) in state.by_revision.range(..=horizon) {
-            let entry = &self.services[key].instances[instance];
-            if entry.lifecycle.val.record.state == LifecycleState::Expired {
-                doomed.push((*rev, key.clone(), instance.clone()));
+        for (rev, rec) in state.by_revision.range(..=horizon) {
+            if rec.record.state == LifecycleState::Expired {
+                doomed.push((*rev, rec.record.key.clone(), rec.record.instance.clone()));
             }
         }
         for (rev, key, instance) in &doomed {

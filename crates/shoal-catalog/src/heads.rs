@@ -162,10 +162,12 @@ impl ChainHead {
     }
 
     fn drain_pending(&mut self) {
-        self.pending = self.pending.split_off(&(self.contiguous + 1));
-        while self.pending.first() == Some(&(self.contiguous + 1)) {
+        while let Some(&first) = self.pending.first() {
+            if first > self.contiguous + 1 {
+                break;
+            }
             self.pending.pop_first();
-            self.contiguous += 1;
+            self.contiguous = self.contiguous.max(first);
         }
     }
 }

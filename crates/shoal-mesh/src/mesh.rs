@@ -308,6 +308,7 @@ pub struct Mesh<V: Verifier> {
     gc_samples: VecDeque<(u64, Vec<(Region, Revision)>)>,
     periodic_armed: bool,
     open_gaps: usize,
+    gap_checked_at: u64,
     transmits: VecDeque<Transmit>,
     timers: VecDeque<(u64, MeshTimer)>,
     events: VecDeque<MeshEvent>,
@@ -355,6 +356,7 @@ impl<V: Verifier> Mesh<V> {
             gc_samples: VecDeque::new(),
             periodic_armed: false,
             open_gaps: 0,
+            gap_checked_at: u64::MAX,
             transmits: VecDeque::new(),
             timers: VecDeque::new(),
             events: VecDeque::new(),
@@ -640,11 +642,14 @@ impl<V: Verifier> Mesh<V> {
             self.flush_armed = true;
             self.push_timer(now_ms + self.config.coalesce_ms, MeshTimer::Flush);
         }
-        let gaps = self.catalog.gaps().len();
-        if gaps > self.open_gaps {
-            self.counters.gaps_detected += (gaps - self.open_gaps) as u64;
+        if self.catalog.index() != self.gap_checked_at {
+            self.gap_checked_at = self.catalog.index();
+            let gaps = self.catalog.open_gaps();
+            if gaps > self.open_gaps {
+                self.counters.gaps_detected += (gaps - self.open_gaps) as u64;
+            }
+            self.open_gaps = gaps;
         }
-        self.open_gaps = gaps;
     }
 
     /// Keeps `eager + lazy` filled from the membership; new links start eager (Plumtree).

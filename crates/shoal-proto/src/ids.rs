@@ -6,6 +6,7 @@
 //! under 256 bytes on the wire (see `benches/` in `shoal-catalog`).
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -92,9 +93,37 @@ fn check_token(kind: &'static str, s: &str, max: usize) -> Result<(), IdError> {
 macro_rules! string_id {
     ($(#[$meta:meta])* $name:ident, $kind:literal, $check:expr) => {
         $(#[$meta])*
-        #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-        #[serde(try_from = "String", into = "String")]
-        pub struct $name(String);
+        ///
+        /// Cheap to clone: the validated string is shared (`Arc<str>`), so the many maps and
+        /// indexes that key by it (and thousands of simulated agents) share one copy.
+        #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub struct $name(Arc<str>);
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                // Visits a borrowed &str where the format allows (postcard does), so decoding an
+                // id costs one allocation, not two.
+                struct V;
+                impl serde::de::Visitor<'_> for V {
+                    type Value = $name;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str($kind)
+                    }
+                    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<$name, E> {
+                        let check: fn(&str) -> Result<(), IdError> = $check;
+                        check(s).map_err(E::custom)?;
+                        Ok($name(Arc::from(s)))
+                    }
+                }
+                d.deserialize_str(V)
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(&self.0)
+            }
+        }
 
         impl $name {
             /// Validates and wraps `s`.
@@ -105,7 +134,7 @@ macro_rules! string_id {
                 let s = s.into();
                 let check: fn(&str) -> Result<(), IdError> = $check;
                 check(&s)?;
-                Ok(Self(s))
+                Ok(Self(Arc::from(s)))
             }
 
             /// The validated string.
@@ -123,7 +152,7 @@ macro_rules! string_id {
 
         impl From<$name> for String {
             fn from(v: $name) -> String {
-                v.0
+                v.0.to_string()
             }
         }
 

@@ -267,6 +267,7 @@ pub fn run<H: Harness>(
     let pb = progress_bar(scenario.duration_ms, cfg.progress);
     let mut applied = Vec::new();
     let mut next_fault = 0;
+    let mut logged_steps = 0;
     loop {
         let now = world.now_us();
         let fault_at = faults.get(next_fault).map(|f| f.at_ms * 1000);
@@ -278,6 +279,20 @@ pub fn run<H: Harness>(
             .unwrap_or(end_us);
         world.run_until(target);
         pb.set_position(target / 1000);
+        if cfg.progress && !std::io::stderr().is_terminal() {
+            let step = (scenario.duration_ms / 20).max(1);
+            let done = target / 1000 / step;
+            if done > logged_steps {
+                logged_steps = done;
+                eprintln!(
+                    "progress: {} / {} virtual ms, {:.1} s wall, {} events",
+                    target / 1000,
+                    scenario.duration_ms,
+                    wall.elapsed().as_secs_f64(),
+                    world.stats().events
+                );
+            }
+        }
         while faults
             .get(next_fault)
             .is_some_and(|f| f.at_ms * 1000 <= target)

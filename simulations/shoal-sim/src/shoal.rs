@@ -454,6 +454,7 @@ pub struct ShoalHarness {
     last_bad_pick: HashMap<usize, u64>,
     replaced: u64,
     refused_writes: u64,
+    first_boot_ids: Vec<MemberId>,
 }
 
 /// How often the traffic model runs, ms.
@@ -559,6 +560,7 @@ impl ShoalHarness {
             last_bad_pick: HashMap::new(),
             replaced: 0,
             refused_writes: 0,
+            first_boot_ids: Vec::new(),
         };
         h.next_sample_ms = h.spec.settle_ms;
         h.populate(scenario, &topo);
@@ -1180,14 +1182,20 @@ impl Harness for ShoalHarness {
         if ctx.epoch == 0 {
             // First boot: the region is already formed (as after a long steady state).
             *mesh.catalog_mut() = self.initial[region as usize].clone();
+            if self.first_boot_ids.is_empty() {
+                // Built once and shared (ids are Arc-backed) by every node's membership.
+                self.first_boot_ids = (0..topo.len() as u32)
+                    .map(|i| MemberId {
+                        node: node_id(i),
+                        addr: topo.node(i).addr,
+                        boot: Generation(1),
+                    })
+                    .collect();
+            }
             let members: Vec<MemberId> = topo
                 .region_nodes(region)
                 .filter(|&i| i != ctx.index)
-                .map(|i| MemberId {
-                    node: node_id(i),
-                    addr: topo.node(i).addr,
-                    boot: Generation(1),
-                })
+                .map(|i| self.first_boot_ids[i as usize].clone())
                 .collect();
             mesh.bootstrap(now, members);
         } else {
