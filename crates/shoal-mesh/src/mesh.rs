@@ -608,20 +608,16 @@ impl<V: Verifier> Mesh<V> {
 
     /// Runs after every input: membership events, urgent flushes, gap accounting.
     fn after_input(&mut self, now_ms: u64) {
+        let mut up = false;
         while let Some(ev) = self.membership.poll_event() {
             match &ev {
                 MembershipEvent::Up(m) => {
+                    up = true;
                     if let Some(old) = self.members.insert(m.node.clone(), m.addr) {
                         if old != m.addr {
                             self.eager.remove(&old);
                             self.lazy.remove(&old);
                         }
-                    }
-                    // Links are drawn from the whole membership at the next IHAVE tick, so a
-                    // burst of joins does not bias every link towards the first members seen;
-                    // only a member with no link at all takes one at once.
-                    if self.eager.is_empty() {
-                        self.refill_peers();
                     }
                 }
                 MembershipEvent::Down(m) => {
@@ -635,6 +631,14 @@ impl<V: Verifier> Mesh<V> {
                 _ => {}
             }
             self.push_event(MeshEvent::Membership(ev));
+        }
+        // Links are drawn from the whole membership at the next IHAVE tick, so a burst of joins
+        // does not bias every link towards the first members seen; only a member with no link
+        // at all takes some at once, after every Up of this input is known (a bootstrap brings
+        // the whole region in one input: linking at the first Up made its first-listed member
+        // everyone's eager peer).
+        if up && self.eager.is_empty() {
+            self.refill_peers();
         }
         if self.urgent {
             self.flush(now_ms);
@@ -796,9 +800,13 @@ impl<V: Verifier> Mesh<V> {
         if new {
             self.lazy.remove(&from);
             self.eager.insert(from);
-        } else if self.eager.remove(&from) {
-            // Plumtree: a redundant eager push prunes the link on both ends.
-            self.lazy.insert(from);
+        } else {
+            // Plumtree: a redundant eager push prunes the link on both ends. Answered even when
+            // the sender is no longer our eager peer (we declared it down, or our earlier PRUNE
+            // was lost with a connection): otherwise it pushes to us for nothing forever.
+            if self.eager.remove(&from) {
+                self.lazy.insert(from);
+            }
             self.counters.prunes_sent += 1;
             self.send(from, &StreamMessage::Prune(Prune {}));
         }
@@ -1117,10 +1125,10 @@ impl<V: Verifier> Mesh<V> {
             let their = theirs.iter().find(|h| h.region == mine.region);
             let (their_c, their_max) =
                 their.map_or((Revision(0), Revision(0)), |h| (h.contiguous, h.max_seen));
-            if mine.contiguous > their_c || mine.max_seen > their_max {
-                if !self.add_lifecycle_delta(&mut delta, &mine.region, their_c, from) {
-                    return;
-                }
+            if (mine.contiguous > their_c || mine.max_seen > their_max)
+                && !self.add_lifecycle_delta(&mut delta, &mine.region, their_c, from)
+            {
+                return;
             }
             if their_c > mine.contiguous || their_max > mine.max_seen {
                 want = true;
