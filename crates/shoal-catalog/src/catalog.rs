@@ -182,6 +182,9 @@ pub struct RegionHead {
     pub max_seen: Revision,
     /// Tombstones at or below this revision were collected.
     pub gc_floor: Revision,
+    /// Digest of the revisions seen above `contiguous` (0: none); see
+    /// [`ChainHead::pending_hash`].
+    pub pending_hash: u64,
 }
 
 /// Head of one owner agent's health chain.
@@ -193,6 +196,8 @@ pub struct OwnerHead {
     pub boot: Generation,
     /// Complete up to this sequence number.
     pub contiguous: HealthSeq,
+    /// Digest of the sequence numbers seen above `contiguous` (0: none).
+    pub pending_hash: u64,
 }
 
 /// Per-origin version heads of a whole catalog, sorted by origin.
@@ -216,6 +221,11 @@ pub struct LifecycleDelta {
     pub complete_to: Revision,
     /// The records, ascending by revision.
     pub records: Vec<Arc<SignedLifecycle>>,
+    /// Revisions above `complete_to` the sender had accounted for (a held record or one that
+    /// supersedes it, all included in `records`). The receiver accounts for them too: this is
+    /// how knowledge of superseded revisions spreads, so gaps close even when no single member
+    /// ever held every revision (e.g. after a partition).
+    pub also_seen: Vec<Revision>,
 }
 
 /// Health records of one owner chain in `(from, complete_to]` of epoch `boot`.
@@ -231,6 +241,9 @@ pub struct HealthDelta {
     pub complete_to: HealthSeq,
     /// The records, ascending by seq.
     pub records: Vec<Arc<SignedHealth>>,
+    /// Sequence numbers above `complete_to` the sender had accounted for (see
+    /// [`LifecycleDelta::also_seen`]).
+    pub also_seen: Vec<HealthSeq>,
 }
 
 /// Why a delta could not be served. The catalog is unchanged.
@@ -404,8 +417,15 @@ impl Catalog {
 
     /// Number of open gaps (authority and owner chains), without allocating.
     pub fn open_gaps(&self) -> usize {
-        self.regions.values().filter(|s| s.head.gap().is_some()).count()
-            + self.owners.values().filter(|s| s.head.gap().is_some()).count()
+        self.regions
+            .values()
+            .filter(|s| s.head.gap().is_some())
+            .count()
+            + self
+                .owners
+                .values()
+                .filter(|s| s.head.gap().is_some())
+                .count()
     }
 
     /// Per-origin heads, sorted.
@@ -419,6 +439,7 @@ impl Catalog {
                     contiguous: Revision(s.head.contiguous()),
                     max_seen: Revision(s.head.max_seen()),
                     gc_floor: s.gc_floor,
+                    pending_hash: s.head.pending_hash(),
                 })
                 .collect(),
             owners: self
@@ -428,6 +449,7 @@ impl Catalog {
                     owner: owner.clone(),
                     boot: Generation(s.head.epoch()),
                     contiguous: HealthSeq(s.head.contiguous()),
+                    pending_hash: s.head.pending_hash(),
                 })
                 .collect(),
         }
@@ -740,6 +762,7 @@ impl Catalog {
             from: since,
             complete_to: since,
             records: Vec::new(),
+            also_seen: Vec::new(),
         };
         let Some(state) = self.regions.get(region) else {
             return Ok(empty);
@@ -764,9 +787,17 @@ impl Catalog {
             .unwrap_or(contiguous)
             .min(contiguous)
             .max(since);
+        let last = truncated_at.map_or(u64::MAX, |r| r.0);
+        let also_seen = state
+            .head
+            .pending()
+            .filter(|p| *p > complete_to.0 && *p <= last)
+            .map(Revision)
+            .collect();
         Ok(LifecycleDelta {
             complete_to,
             records,
+            also_seen,
             ..empty
         })
     }
@@ -787,6 +818,7 @@ impl Catalog {
                 from: since,
                 complete_to: since,
                 records: Vec::new(),
+                also_seen: Vec::new(),
             };
         };
         let our_boot = Generation(state.head.epoch());
@@ -810,12 +842,24 @@ impl Catalog {
         } else {
             truncated_at.unwrap_or(contiguous).min(contiguous).max(from)
         };
+        let last = truncated_at.map_or(u64::MAX, |r| r.0);
+        let also_seen = if our_boot < boot {
+            Vec::new()
+        } else {
+            state
+                .head
+                .pending()
+                .filter(|p| *p > complete_to.0 && *p <= last)
+                .map(HealthSeq)
+                .collect()
+        };
         HealthDelta {
             owner: owner.clone(),
             boot: our_boot.max(boot),
             from,
             complete_to,
             records,
+            also_seen,
         }
     }
 
@@ -845,6 +889,9 @@ impl Catalog {
         if out.rejected == 0 {
             let state = self.regions.entry(delta.region.clone()).or_default();
             out.head_advanced = state.head.cover(0, delta.from.0, delta.complete_to.0);
+            for seen in delta.also_seen.iter().take(crate::heads::MAX_PENDING) {
+                state.head.observe(0, seen.0);
+            }
         }
         out
     }
@@ -880,6 +927,11 @@ impl Catalog {
             out.head_advanced = state
                 .head
                 .cover(delta.boot.0, delta.from.0, delta.complete_to.0);
+            if state.head.epoch() == delta.boot.0 {
+                for seen in delta.also_seen.iter().take(crate::heads::MAX_PENDING) {
+                    state.head.observe(delta.boot.0, seen.0);
+                }
+            }
         }
         out
     }

@@ -79,6 +79,20 @@ impl ChainHead {
         self.pending.last().copied().unwrap_or(self.contiguous)
     }
 
+    /// An order-independent digest of the numbers seen above the contiguous head (0 when
+    /// there are none), so two heads can be compared without shipping the numbers.
+    pub fn pending_hash(&self) -> u64 {
+        let mut h = 0u64;
+        for p in &self.pending {
+            // splitmix64 finaliser per number, summed: cheap and order-independent.
+            let mut z = p.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            h = h.wrapping_add(z ^ (z >> 31)) | 1;
+        }
+        h
+    }
+
     /// Numbers seen above the contiguous head, ascending.
     pub fn pending(&self) -> impl Iterator<Item = u64> + '_ {
         self.pending.iter().copied()

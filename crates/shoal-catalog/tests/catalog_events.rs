@@ -813,6 +813,7 @@ fn heads_report_every_origin() {
             contiguous: Revision(4),
             max_seen: Revision(4),
             gc_floor: Revision(3),
+            pending_hash: 0,
         }]
     );
     assert_eq!(heads.owners.len(), 1);
@@ -1051,10 +1052,48 @@ fn a_revision_reused_for_another_instance_is_a_conflict() {
     let mut c = Catalog::new();
     let a = fx.lifecycle("a", 1, 1, LifecycleState::Ready);
     let b = fx.lifecycle("b", 2, 1, LifecycleState::Ready);
-    assert_eq!(c.apply_lifecycle(Arc::new(a), &fx.keyring), MergeOutcome::Applied);
-    assert_eq!(c.apply_lifecycle(Arc::new(b), &fx.keyring), MergeOutcome::Conflict);
+    assert_eq!(
+        c.apply_lifecycle(Arc::new(a), &fx.keyring),
+        MergeOutcome::Applied
+    );
+    assert_eq!(
+        c.apply_lifecycle(Arc::new(b), &fx.keyring),
+        MergeOutcome::Conflict
+    );
     assert_eq!(c.counters().conflict, 1);
     let delta = c.lifecycle_delta(&fx.region, Revision(0), 100).unwrap();
     assert_eq!(delta.records.len(), 1);
     assert_eq!(delta.records[0].record.instance.as_str(), "a");
+}
+
+/// Superseded revisions seen only by the sender spread through `also_seen`, so two members that
+/// each missed different revisions both end gap-free (the post-partition case).
+#[test]
+fn also_seen_spreads_knowledge_of_superseded_revisions() {
+    let fx = Fixture::new();
+    // rev 1: a STARTING, rev 2: a READY, rev 3: b READY.
+    let a1 = Arc::new(fx.lifecycle("a", 1, 1, Starting));
+    let a2 = Arc::new(fx.lifecycle("a", 1, 2, Ready));
+    let b3 = Arc::new(fx.lifecycle("b", 2, 3, Ready));
+    // P saw revs 2 and 3 only: gap at 1 (superseded by 2, never obtainable as a record).
+    let mut p = Catalog::new();
+    p.apply_lifecycle(a2.clone(), &fx.keyring);
+    p.apply_lifecycle(b3.clone(), &fx.keyring);
+    assert!(p.region_gap(&fx.region).is_some());
+    // Q saw 1 and 3, not 2: its contiguous is 1, pending {3}.
+    let mut q = Catalog::new();
+    q.apply_lifecycle(a1, &fx.keyring);
+    q.apply_lifecycle(b3, &fx.keyring);
+    // Q -> P: records above P's head (0), plus "I saw 3".
+    let d = q.lifecycle_delta(&fx.region, Revision(0), 100).unwrap();
+    p.apply_lifecycle_delta(&d, &fx.keyring);
+    assert_eq!(p.region_gap(&fx.region), None);
+    assert_eq!(p.region_head(&fx.region), Revision(3));
+    // P -> Q: now P is complete, its claim closes Q's gap at 2.
+    let d = p
+        .lifecycle_delta(&fx.region, q.region_head(&fx.region), 100)
+        .unwrap();
+    q.apply_lifecycle_delta(&d, &fx.keyring);
+    assert_eq!(q.region_head(&fx.region), Revision(3));
+    assert_eq!(p, q);
 }

@@ -59,6 +59,8 @@ pub struct MeshConfig {
     pub eager_fanout: usize,
     /// Lazy links kept, for IHAVE announcements.
     pub lazy_fanout: usize,
+    /// Eager links never pruned below this; lazy links are promoted to reach it.
+    pub min_eager: usize,
     /// How long ordinary record changes are coalesced before an eager push. Withdrawals
     /// (DRAINING, EXPIRED, failing health) are never delayed.
     pub coalesce_ms: u64,
@@ -93,6 +95,7 @@ impl MeshConfig {
             membership: MembershipConfig::for_cluster_size(n),
             eager_fanout: 4,
             lazy_fanout: 6,
+            min_eager: 3,
             coalesce_ms: 20,
             ihave_interval_ms: 250,
             graft_timeout_ms: 400,
@@ -460,6 +463,7 @@ impl<V: Verifier> Mesh<V> {
             MeshTimer::IHave => {
                 self.send_ihave();
                 self.refill_peers();
+                self.promote_lazy();
                 self.push_timer(now_ms + self.config.ihave_interval_ms, MeshTimer::IHave);
             }
             MeshTimer::AntiEntropy => {
@@ -687,6 +691,18 @@ impl<V: Verifier> Mesh<V> {
         }
     }
 
+    /// Keeps at least `min_eager` eager links by promoting lazy ones (with an empty GRAFT, so
+    /// the peer pushes to us too).
+    fn promote_lazy(&mut self) {
+        while self.eager.len() < self.config.min_eager && !self.lazy.is_empty() {
+            let i = (self.rng.next_u64() % self.lazy.len() as u64) as usize;
+            let addr = *self.lazy.iter().nth(i).expect("non-empty");
+            self.lazy.remove(&addr);
+            self.eager.insert(addr);
+            self.send(addr, &StreamMessage::Graft(Graft::default()));
+        }
+    }
+
     fn random_member(&mut self) -> Option<SocketAddr> {
         if self.members.is_empty() {
             return None;
@@ -738,9 +754,14 @@ impl<V: Verifier> Mesh<V> {
 
     /// Eager-pushes the outbox to every eager peer (except where a record came from).
     fn flush(&mut self, _now_ms: u64) {
-        self.urgent = false;
+        let urgent = std::mem::take(&mut self.urgent);
         if self.outbox.is_empty() {
             return;
+        }
+        if urgent {
+            // Withdrawals are also announced to lazy peers at once, so a member the eager tree
+            // misses grafts after `graft_timeout_ms` instead of waiting for the IHAVE tick.
+            self.send_ihave();
         }
         let outbox = std::mem::take(&mut self.outbox);
         let peers: Vec<SocketAddr> = self.eager.iter().copied().collect();
@@ -769,7 +790,7 @@ impl<V: Verifier> Mesh<V> {
             StreamMessage::IHave(ihave) => self.on_ihave(now_ms, from, ihave),
             StreamMessage::Graft(graft) => self.on_graft(from, graft),
             StreamMessage::Prune(_) => {
-                if self.eager.remove(&from) {
+                if self.eager.len() > self.config.min_eager && self.eager.remove(&from) {
                     self.lazy.insert(from);
                 }
             }
@@ -800,10 +821,12 @@ impl<V: Verifier> Mesh<V> {
         if new {
             self.lazy.remove(&from);
             self.eager.insert(from);
-        } else {
+        } else if !self.eager.contains(&from) || self.eager.len() > self.config.min_eager {
             // Plumtree: a redundant eager push prunes the link on both ends. Answered even when
             // the sender is no longer our eager peer (we declared it down, or our earlier PRUNE
             // was lost with a connection): otherwise it pushes to us for nothing forever.
+            // With several origins, each prunes different edges of the same loops; keeping at
+            // least `min_eager` links stops the tree from falling apart under churn.
             if self.eager.remove(&from) {
                 self.lazy.insert(from);
             }
@@ -840,15 +863,6 @@ impl<V: Verifier> Mesh<V> {
         }
     }
 
-    fn owner_head(&self, owner: &NodeId) -> (Generation, HealthSeq) {
-        self.catalog
-            .heads()
-            .owners
-            .into_iter()
-            .find(|h| &h.owner == owner)
-            .map_or((Generation(0), HealthSeq(0)), |h| (h.boot, h.contiguous))
-    }
-
     fn on_ihave(&mut self, now_ms: u64, from: SocketAddr, ihave: IHave) {
         let deadline = now_ms + self.config.graft_timeout_ms;
         for (region, rev) in ihave.regions {
@@ -858,8 +872,18 @@ impl<V: Verifier> Mesh<V> {
                     .or_insert((from, deadline, rev));
             }
         }
+        let heads: BTreeMap<NodeId, (Generation, HealthSeq)> = if ihave.owners.is_empty() {
+            BTreeMap::new()
+        } else {
+            self.catalog
+                .heads()
+                .owners
+                .into_iter()
+                .map(|h| (h.owner, (h.boot, h.contiguous)))
+                .collect()
+        };
         for (owner, boot, seq) in ihave.owners {
-            if self.owner_head(&owner) < (boot, seq) {
+            if heads.get(&owner).copied().unwrap_or_default() < (boot, seq) {
                 self.missing_owners
                     .entry(owner)
                     .or_insert((from, deadline, (boot, seq)));
@@ -915,6 +939,7 @@ impl<V: Verifier> Mesh<V> {
                     contiguous: Revision(0),
                     max_seen: Revision(0),
                     gc_floor: Revision(0),
+                    pending_hash: 0,
                 });
             by_peer.entry(peer).or_default().regions.push(head);
         }
@@ -935,6 +960,7 @@ impl<V: Verifier> Mesh<V> {
                     owner,
                     boot: Generation(0),
                     contiguous: HealthSeq(0),
+                    pending_hash: 0,
                 });
             by_peer.entry(peer).or_default().owners.push(head);
         }
@@ -1123,14 +1149,24 @@ impl<V: Verifier> Mesh<V> {
         let mut want = false;
         for mine in &ours.regions {
             let their = theirs.iter().find(|h| h.region == mine.region);
-            let (their_c, their_max) =
-                their.map_or((Revision(0), Revision(0)), |h| (h.contiguous, h.max_seen));
-            if (mine.contiguous > their_c || mine.max_seen > their_max)
-                && !self.add_lifecycle_delta(&mut delta, &mine.region, their_c, from)
+            let (their_c, their_max, their_p) = their.map_or((Revision(0), Revision(0), 0), |h| {
+                (h.contiguous, h.max_seen, h.pending_hash)
+            });
+            // Pending sets that differ mean each side may have accounted for revisions the
+            // other has not (superseded ones included): exchange them too.
+            let pending_differ = their_p != mine.pending_hash;
+            if mine.contiguous > their_c
+                || mine.max_seen > their_max
+                || (pending_differ && mine.pending_hash != 0)
             {
-                return;
+                if !self.add_lifecycle_delta(&mut delta, &mine.region, their_c, from) {
+                    return;
+                }
             }
-            if their_c > mine.contiguous || their_max > mine.max_seen {
+            if their_c > mine.contiguous
+                || their_max > mine.max_seen
+                || (pending_differ && their_p != 0)
+            {
                 want = true;
             }
         }
@@ -1177,14 +1213,18 @@ impl<V: Verifier> Mesh<V> {
             let their = theirs.iter().find(|h| h.owner == m.owner);
             let their_head =
                 their.map_or((Generation(0), HealthSeq(0)), |h| (h.boot, h.contiguous));
-            if (m.boot, m.contiguous) > their_head {
+            let their_pending = their.map_or(0, |h| h.pending_hash);
+            let pending_differ = m.boot == their_head.0 && m.pending_hash != their_pending;
+            if (m.boot, m.contiguous) > their_head || (pending_differ && m.pending_hash != 0) {
                 let h = their.cloned().unwrap_or(OwnerHead {
                     owner: m.owner.clone(),
                     boot: Generation(0),
                     contiguous: HealthSeq(0),
+                    pending_hash: 0,
                 });
                 self.add_health_delta(&mut delta, &h);
-            } else if their_head > (m.boot, m.contiguous) {
+            } else if their_head > (m.boot, m.contiguous) || (pending_differ && their_pending != 0)
+            {
                 want = true;
             }
         }
@@ -1284,6 +1324,7 @@ fn bucket_hashes(owners: &[OwnerHead]) -> [u64; DIGEST_BUCKETS] {
         let mut x = fnv1a(h.owner.as_str().as_bytes(), FNV_OFFSET);
         x = fnv1a(&h.boot.0.to_le_bytes(), x);
         x = fnv1a(&h.contiguous.0.to_le_bytes(), x);
+        x = fnv1a(&h.pending_hash.to_le_bytes(), x);
         out[bucket_of(&h.owner)] ^= x;
     }
     out

@@ -1037,11 +1037,13 @@ impl ShoalHarness {
             h = fnv(h, r.region.as_str().as_bytes());
             h = fnv(h, &r.contiguous.0.to_le_bytes());
             h = fnv(h, &r.max_seen.0.to_le_bytes());
+            h = fnv(h, &r.pending_hash.to_le_bytes());
         }
         for o in &heads.owners {
             h = fnv(h, o.owner.as_str().as_bytes());
             h = fnv(h, &o.boot.0.to_le_bytes());
             h = fnv(h, &o.contiguous.0.to_le_bytes());
+            h = fnv(h, &o.pending_hash.to_le_bytes());
         }
         let mut members: Vec<&NodeId> = n.mesh().membership().members().map(|m| &m.node).collect();
         let me = node_id(me);
