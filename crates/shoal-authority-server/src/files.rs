@@ -81,7 +81,10 @@ pub fn unframe<'a>(path: &Path, bytes: &'a [u8]) -> Result<&'a [u8], FileError> 
         what,
     };
     if bytes.len() < FILE_HEADER_BYTES {
-        return Err(corrupt(format!("{} bytes, shorter than the header", bytes.len())));
+        return Err(corrupt(format!(
+            "{} bytes, shorter than the header",
+            bytes.len()
+        )));
     }
     if bytes[..4] != FILE_MAGIC {
         return Err(corrupt("bad magic".into()));

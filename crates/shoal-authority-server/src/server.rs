@@ -97,7 +97,9 @@ pub struct Replica {
 
 impl std::fmt::Debug for Replica {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Replica").field("id", &self.cfg.id).finish_non_exhaustive()
+        f.debug_struct("Replica")
+            .field("id", &self.cfg.id)
+            .finish_non_exhaustive()
     }
 }
 
@@ -151,7 +153,8 @@ impl Replica {
                 me.node
             );
         }
-        let (rpc_t, rpc_in) = Transport::bind(transport_config(&cfg, me.rpc_addr, &ca, &cert, &key))?;
+        let (rpc_t, rpc_in) =
+            Transport::bind(transport_config(&cfg, me.rpc_addr, &ca, &cert, &key))?;
         let raft_rpc = RaftRpc::new(raft_t);
 
         let raft_config = openraft::Config {
@@ -251,17 +254,17 @@ impl Replica {
                 .get_node(&id)
                 .and_then(|n| n.node.parse().ok())
         };
-        let (revision, applied): (Revision, u64) = self.sm.with_state(|s| {
-            (
-                s.head_revision(),
-                s.last_applied_index(),
-            )
-        });
+        let (revision, applied): (Revision, u64) = self
+            .sm
+            .with_state(|s| (s.head_revision(), s.last_applied_index()));
         let _ = applied;
         AuthorityStatus {
-            node: self.cfg.me().node.parse().unwrap_or_else(|_| {
-                "unknown".parse().expect("valid node id")
-            }),
+            node: self
+                .cfg
+                .me()
+                .node
+                .parse()
+                .unwrap_or_else(|_| "unknown".parse().expect("valid node id")),
             leader: m.current_leader.and_then(node_of),
             term: m.current_term,
             applied_index: m.last_applied.map_or(0, |l| l.index),
@@ -317,7 +320,11 @@ impl Replica {
 
     fn reply(&self, to: SocketAddr, request_id: u64, result: Result<AuthorityOk, AuthorityError>) {
         let reply = AuthorityReply { request_id, result };
-        match envelope::encode(MessageKind::AuthorityReply, &reply, MAX_STREAM_MESSAGE_BYTES) {
+        match envelope::encode(
+            MessageKind::AuthorityReply,
+            &reply,
+            MAX_STREAM_MESSAGE_BYTES,
+        ) {
             Ok(bytes) => {
                 if let Err(e) = self.rpc.send_stream_message(to, bytes) {
                     tracing::debug!(error = %e, %to, "reply not sent");
@@ -423,14 +430,15 @@ impl Replica {
                 leader: self.leader_rpc_addr(),
             });
         }
-        if m
-            .millis_since_quorum_ack
+        if m.millis_since_quorum_ack
             .is_some_and(|ms| ms > self.cfg.quorum_stale_ms)
         {
             return Err(AuthorityError::NoQuorum);
         }
         let retry = match &cmd {
-            AuthorityCommand::Transition { key, instance, .. } => Some((key.clone(), instance.clone())),
+            AuthorityCommand::Transition { key, instance, .. } => {
+                Some((key.clone(), instance.clone()))
+            }
             _ => None,
         };
         let proposal = Proposal {
@@ -527,12 +535,16 @@ impl Replica {
                 let this = self.clone();
                 tokio::spawn(async move {
                     let now_ms = this.mono_ms();
-                    match this.write(AuthorityCommand::LeaderTakeover { now_ms }).await {
+                    match this
+                        .write(AuthorityCommand::LeaderTakeover { now_ms })
+                        .await
+                    {
                         Ok(_) => tracing::info!(term, now_ms, "leader takeover committed"),
                         Err(e) => {
                             tracing::warn!(term, error = %e, "leader takeover not committed");
                             // Retry at the next tick.
-                            this.takeover_term.store(term.saturating_sub(1), Ordering::Release);
+                            this.takeover_term
+                                .store(term.saturating_sub(1), Ordering::Release);
                         }
                     }
                 });

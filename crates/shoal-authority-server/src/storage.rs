@@ -36,8 +36,7 @@ use std::sync::{Arc, Mutex};
 
 use openraft::storage::{LogFlushed, RaftLogStorage, RaftStateMachine};
 use openraft::{
-    AnyError, EntryPayload, LogState, RaftLogReader, RaftSnapshotBuilder, Snapshot,
-    StorageIOError,
+    AnyError, EntryPayload, LogState, RaftLogReader, RaftSnapshotBuilder, Snapshot, StorageIOError,
 };
 use serde::{Deserialize, Serialize};
 use shoal_authority::{ApplyContext, AuditEntry, AuthorityState};
@@ -130,7 +129,10 @@ impl LogStore {
             }
             // A later record for an index replaces a truncated one only if truncation was not
             // persisted; truncation always cuts the file, so a repeat is damage.
-            if entries.insert(entry.log_id.index, (entry, *offset)).is_some() {
+            if entries
+                .insert(entry.log_id.index, (entry, *offset))
+                .is_some()
+            {
                 return Err(FileError::Corrupt {
                     path: path.clone(),
                     what: format!("duplicate log record at offset {offset}"),
@@ -241,7 +243,10 @@ impl RaftLogReader<TypeConfig> for LogStore {
         range: RB,
     ) -> Result<Vec<Entry>, StorageError> {
         let g = self.inner.lock().expect("log lock");
-        Ok(g.entries.range(range).map(|(_, (e, _))| e.clone()).collect())
+        Ok(g.entries
+            .range(range)
+            .map(|(_, (e, _))| e.clone())
+            .collect())
     }
 }
 
@@ -639,7 +644,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         g.state = state;
         g.last_applied = meta.last_log_id;
         g.last_membership = meta.last_membership.clone();
-        g.audit_high_water = g.audit_high_water.max(meta.last_log_id.map_or(0, |l| l.index));
+        g.audit_high_water = g
+            .audit_high_water
+            .max(meta.last_log_id.map_or(0, |l| l.index));
         g.snapshot = Some(snap);
         Ok(())
     }

@@ -24,7 +24,11 @@ pub struct Member {
 
 impl fmt::Display for Member {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}(raft {}, rpc {})", self.node, self.raft_addr, self.rpc_addr)
+        write!(
+            f,
+            "{}(raft {}, rpc {})",
+            self.node, self.raft_addr, self.rpc_addr
+        )
     }
 }
 

@@ -14,8 +14,8 @@ use shoal_catalog::verify::Keyring;
 use shoal_catalog::{Catalog, MergeOutcome};
 use shoal_proto::rpc::{AuthorityError, AuthorityOk, AuthorityRequestBody, AuthorityStatus};
 use shoal_proto::{
-    Generation, LifecycleState, NodeId, Region, ServiceKey, SignedLifecycle,
-    SigningKey, TransitionReason,
+    Generation, LifecycleState, NodeId, Region, ServiceKey, SignedLifecycle, SigningKey,
+    TransitionReason,
 };
 use shoal_transport::certs::{generate_ca, generate_node_cert, CertPair, ExtraSans, Validity};
 
@@ -202,7 +202,11 @@ impl Drop for Cluster {
 
 async fn status(c: &AuthorityClient, addr: SocketAddr) -> Option<AuthorityStatus> {
     match c
-        .call(addr, AuthorityRequestBody::Status, Duration::from_millis(500))
+        .call(
+            addr,
+            AuthorityRequestBody::Status,
+            Duration::from_millis(500),
+        )
         .await
     {
         Ok(Ok(AuthorityOk::Status(s))) => Some(s),
@@ -230,7 +234,10 @@ async fn wait_leader(cl: &Cluster, c: &AuthorityClient, live: &[usize], within: 
                 }
             }
         }
-        assert!(Instant::now() < deadline, "no agreed leader within {within:?}: {leaders:?}");
+        assert!(
+            Instant::now() < deadline,
+            "no agreed leader within {within:?}: {leaders:?}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -295,8 +302,12 @@ async fn three_authorities_failover_quorum_loss_and_stale_generations() {
         gens.push(r[0].record.generation);
         accepted.extend(r);
         let r = committed(
-            c.write(&addrs, transition(i, gens[i as usize], LifecycleState::Ready), BUDGET)
-                .await,
+            c.write(
+                &addrs,
+                transition(i, gens[i as usize], LifecycleState::Ready),
+                BUDGET,
+            )
+            .await,
         );
         vk.verify_lifecycle(&r[0]).unwrap();
         accepted.extend(r);
@@ -330,16 +341,27 @@ async fn three_authorities_failover_quorum_loss_and_stale_generations() {
     // No accepted transition lost: re-asking READY returns the very record accepted before.
     for i in 0..10u32 {
         let r = committed(
-            c.write(&addrs, transition(i, gens[i as usize], LifecycleState::Ready), BUDGET)
-                .await,
+            c.write(
+                &addrs,
+                transition(i, gens[i as usize], LifecycleState::Ready),
+                BUDGET,
+            )
+            .await,
         );
         assert_eq!(r[0], accepted[(2 * i + 1) as usize], "instance {i}");
     }
     let r = committed(
-        c.write(&addrs, transition(0, gens[0], LifecycleState::Draining), BUDGET)
-            .await,
+        c.write(
+            &addrs,
+            transition(0, gens[0], LifecycleState::Draining),
+            BUDGET,
+        )
+        .await,
     );
-    assert!(r[0].record.revision.0 > max_before, "revisions stay monotonic");
+    assert!(
+        r[0].record.revision.0 > max_before,
+        "revisions stay monotonic"
+    );
     vk.verify_lifecycle(&r[0]).unwrap();
 
     // A delayed request from an older generation is refused and never resurrects.
@@ -348,7 +370,11 @@ async fn three_authorities_failover_quorum_loss_and_stale_generations() {
         .generation;
     assert!(new_gen > gens[1]);
     match c
-        .write(&addrs, transition(1, gens[1], LifecycleState::Draining), BUDGET)
+        .write(
+            &addrs,
+            transition(1, gens[1], LifecycleState::Draining),
+            BUDGET,
+        )
         .await
     {
         Err(AuthorityError::Refused { code, .. }) => assert_eq!(code, "stale_generation"),
@@ -360,7 +386,8 @@ async fn three_authorities_failover_quorum_loss_and_stale_generations() {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let s: Vec<_> = futures_join(&c, &cl, &all).await;
-        let applied: Vec<Option<u64>> = s.iter().map(|x| x.as_ref().map(|s| s.revision.0)).collect();
+        let applied: Vec<Option<u64>> =
+            s.iter().map(|x| x.as_ref().map(|s| s.revision.0)).collect();
         if applied.iter().all(|a| a.is_some() && *a == applied[0]) {
             break;
         }
@@ -387,7 +414,10 @@ async fn three_authorities_failover_quorum_loss_and_stale_generations() {
         let took = t.elapsed();
         match r {
             Ok(Err(AuthorityError::NoQuorum)) => {
-                assert!(took < Duration::from_millis(2_500), "NoQuorum took {took:?}");
+                assert!(
+                    took < Duration::from_millis(2_500),
+                    "NoQuorum took {took:?}"
+                );
                 break;
             }
             Ok(Err(AuthorityError::NotLeader { .. })) | Err(_) => {}
@@ -401,7 +431,11 @@ async fn three_authorities_failover_quorum_loss_and_stale_generations() {
         cl.start(i);
     }
     let r = c
-        .write(&addrs, transition(3, gens[3], LifecycleState::Draining), Duration::from_secs(30))
+        .write(
+            &addrs,
+            transition(3, gens[3], LifecycleState::Draining),
+            Duration::from_secs(30),
+        )
         .await;
     committed(r);
 
@@ -416,7 +450,11 @@ async fn three_authorities_failover_quorum_loss_and_stale_generations() {
     c.shutdown().await;
 }
 
-async fn futures_join(c: &AuthorityClient, cl: &Cluster, idx: &[usize]) -> Vec<Option<AuthorityStatus>> {
+async fn futures_join(
+    c: &AuthorityClient,
+    cl: &Cluster,
+    idx: &[usize],
+) -> Vec<Option<AuthorityStatus>> {
     let mut out = Vec::new();
     for &i in idx {
         out.push(status(c, cl.nodes[i].rpc).await);
@@ -443,7 +481,10 @@ async fn restored_older_snapshot_never_overrides_newer_records_at_agents() {
         let r = committed(c.write(&addrs, register(i), BUDGET).await);
         gens.push(r[0].record.generation);
         for rec in r {
-            assert_eq!(catalog.apply_lifecycle(Arc::new(rec), &keyring), MergeOutcome::Applied);
+            assert_eq!(
+                catalog.apply_lifecycle(Arc::new(rec), &keyring),
+                MergeOutcome::Applied
+            );
         }
     }
     // Wait for a snapshot covering the registrations, and save it (the "older" snapshot).
@@ -462,8 +503,14 @@ async fn restored_older_snapshot_never_overrides_newer_records_at_agents() {
     // Newer state: READY then DRAINING for every instance, held by the agent's catalog.
     for i in 0..4u32 {
         for to in [LifecycleState::Ready, LifecycleState::Draining] {
-            for rec in committed(c.write(&addrs, transition(i, gens[i as usize], to), BUDGET).await) {
-                assert_eq!(catalog.apply_lifecycle(Arc::new(rec), &keyring), MergeOutcome::Applied);
+            for rec in committed(
+                c.write(&addrs, transition(i, gens[i as usize], to), BUDGET)
+                    .await,
+            ) {
+                assert_eq!(
+                    catalog.apply_lifecycle(Arc::new(rec), &keyring),
+                    MergeOutcome::Applied
+                );
             }
         }
     }
@@ -477,7 +524,11 @@ async fn restored_older_snapshot_never_overrides_newer_records_at_agents() {
     // it signs now is older than what agents hold for the same generation.
     for i in 0..4u32 {
         let r = c
-            .write(&addrs, transition(i, gens[i as usize], LifecycleState::Ready), BUDGET)
+            .write(
+                &addrs,
+                transition(i, gens[i as usize], LifecycleState::Ready),
+                BUDGET,
+            )
             .await;
         if let Ok(AuthorityOk::Committed { records }) = r {
             for rec in records {
@@ -491,6 +542,9 @@ async fn restored_older_snapshot_never_overrides_newer_records_at_agents() {
             }
         }
     }
-    assert!(checked >= 1, "the restored authority signed nothing to compare");
+    assert!(
+        checked >= 1,
+        "the restored authority signed nothing to compare"
+    );
     c.shutdown().await;
 }
