@@ -138,7 +138,10 @@ async fn main() -> anyhow::Result<()> {
         q(0.99).as_secs_f64() * 1e3,
         lat.last().unwrap().as_secs_f64() * 1e3,
     );
-    if let Some(secs) = std::env::var("IDLE_SECS").ok().and_then(|s| s.parse::<u64>().ok()) {
+    if let Some(secs) = std::env::var("IDLE_SECS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+    {
         // Steady state: nothing but the authority's own duties may write.
         let applied = |r: &Replica| r.status().applied_index;
         let before: Vec<u64> = replicas.iter().map(|r| applied(r)).collect();

@@ -219,7 +219,7 @@ pub fn to_hex(bytes: &[u8]) -> String {
 
 /// Parses hex; `None` on odd length or a non-hex digit.
 pub fn from_hex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len())

@@ -1,4 +1,20 @@
-//! tmp
+//! # shoal-authority-server
+//!
+//! One replica of a region's authority: the pure rules of `shoal-authority` replicated with
+//! openraft 0.9 over shoal-transport (QUIC + mutual TLS). See docs/adr/0004-authority-raft.md.
+//!
+//! - [`types`]: the openraft type configuration; a log entry is a [`types::Proposal`]
+//!   (command + the leader's proposal wall time, so applying never reads a clock).
+//! - [`storage`]: fsync'd, checksummed log/vote files and snapshots; torn or corrupt files
+//!   are refused.
+//! - [`network`]: Raft RPCs over a dedicated transport, correlated by id, bounded, with
+//!   deadlines; only configured members may speak Raft.
+//! - [`server`]: the replica: agent RPC (leader-only writes, `NotLeader`, bounded
+//!   `NoQuorum`), leader takeover, the lease safety net, audit log, metrics.
+//! - [`client`]: an RPC client for the CLI, tests and benches.
+//! - [`cli`]: `shoal authority run|status|snapshot|keygen`.
+//! - [`config`]: `authority.toml`.
+
 pub mod cli;
 pub mod client;
 pub mod config;
