@@ -13,7 +13,7 @@
 //!   `NoQuorum`), leader takeover, the lease safety net, audit log, metrics.
 //! - [`client`]: an RPC client for the CLI, tests and benches.
 //! - [`cli`]: `shoal authority run|status|snapshot|keygen`.
-//! - [`config`]: `authority.toml`.
+//! - [`config`]: the `authority.toml` file.
 
 pub mod cli;
 pub mod client;
