@@ -10,6 +10,12 @@
 //! signing_key = "/etc/shoal/region.key"   # 64 hex chars: the region's ed25519 seed (same on every replica)
 //! metrics_addr = "127.0.0.1:9465"         # optional Prometheus text endpoint (loopback)
 //! operators = ["ops-alice"]               # node ids treated as operators, besides "operator-*"
+//! mesh_addr = "10.0.0.1:7102"             # embedded mesh member (optional; none: no member)
+//! mesh_seeds = ["10.0.0.20:7946"]         # agent addresses to join through
+//!
+//! [mesh]                                  # optional SWIM knobs; match the agents' [membership]
+//! cluster_size = 1667
+//! absent_grace_ms = 60000                 # see MeshKnobs::absent_grace_ms
 //!
 //! [[members]]
 //! id = 1
@@ -25,9 +31,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use serde::Deserialize;
-use shoal_proto::{Region, SigningKey};
+use shoal_proto::{NodeId, Region, SigningKey, VerifyingKey, Zone};
 
 use crate::types::{Member, RaftId};
+
+/// Node public keys by node id.
+pub type NodeKeys = Vec<(NodeId, VerifyingKey)>;
 
 /// One voter in the config.
 #[derive(Debug, Clone, Deserialize)]
@@ -93,6 +102,92 @@ pub struct AuthorityConfig {
     /// Most agent requests handled concurrently; more are answered `NoQuorum` (counted).
     #[serde(default = "d_max_inflight")]
     pub max_inflight_requests: usize,
+    /// Listen address of the embedded mesh member (SWIM datagrams + record streams). `None`:
+    /// no member (the lease safety net then has no input; records reach agents only through
+    /// the requesting agent).
+    #[serde(default)]
+    pub mesh_addr: Option<SocketAddr>,
+    /// Seeds of the embedded member, `host:port` (agent addresses), resolved at every attempt.
+    #[serde(default)]
+    pub mesh_seeds: Vec<String>,
+    /// Zone the embedded member announces.
+    #[serde(default = "d_mesh_zone")]
+    pub mesh_zone: String,
+    /// Tuning of the embedded member.
+    #[serde(default)]
+    pub mesh: MeshKnobs,
+}
+
+/// `[mesh]`: the embedded member's SWIM / dissemination knobs (ms; unset = the tuned default
+/// for `cluster_size`) and the leader's liveness rules.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MeshKnobs {
+    /// Expected region size, sizing SWIM defaults.
+    #[serde(default = "d_cluster_size")]
+    pub cluster_size: usize,
+    /// SWIM probe period.
+    pub probe_period_ms: Option<u64>,
+    /// SWIM direct-ack wait.
+    pub probe_rtt_ms: Option<u64>,
+    /// Suspicion window.
+    pub suspect_to_down_after_ms: Option<u64>,
+    /// Gossip period.
+    pub periodic_gossip_ms: Option<u64>,
+    /// Join retry while not connected.
+    pub join_retry_ms: Option<u64>,
+    /// Anti-entropy period.
+    pub anti_entropy_interval_ms: Option<u64>,
+    /// Longest pause between join attempts, ms.
+    #[serde(default = "d_join_max")]
+    pub join_max_ms: u64,
+    /// A node owning live records that the member has not seen alive for this long after it
+    /// became active (it died before this replica joined, e.g. during an authority outage) is
+    /// proposed down, so its lease clock starts too. 0 disables.
+    #[serde(default = "d_absent_grace")]
+    pub absent_grace_ms: u64,
+    /// The leader proposes no `NodeDown` while more than this percentage of the nodes it knows
+    /// are down or absent (a partition or an isolated member, not node failures).
+    #[serde(default = "d_max_down_percent")]
+    pub max_down_percent: u8,
+    /// Node public keys (hex) by node id, to verify health records (optional; unknown ones are
+    /// refused and counted, which only affects the member's own catalog).
+    #[serde(default)]
+    pub node_keys: BTreeMap<String, String>,
+}
+
+impl Default for MeshKnobs {
+    fn default() -> Self {
+        Self {
+            cluster_size: d_cluster_size(),
+            probe_period_ms: None,
+            probe_rtt_ms: None,
+            suspect_to_down_after_ms: None,
+            periodic_gossip_ms: None,
+            join_retry_ms: None,
+            anti_entropy_interval_ms: None,
+            join_max_ms: d_join_max(),
+            absent_grace_ms: d_absent_grace(),
+            max_down_percent: d_max_down_percent(),
+            node_keys: BTreeMap::new(),
+        }
+    }
+}
+
+fn d_mesh_zone() -> String {
+    "authority".into()
+}
+fn d_cluster_size() -> usize {
+    64
+}
+fn d_join_max() -> u64 {
+    5_000
+}
+fn d_absent_grace() -> u64 {
+    60_000
+}
+fn d_max_down_percent() -> u8 {
+    50
 }
 
 fn d_heartbeat() -> u64 {
@@ -160,6 +255,12 @@ impl AuthorityConfig {
         if self.heartbeat_ms == 0 || self.election_timeout_ms <= self.heartbeat_ms * 2 {
             bail!("election_timeout_ms must exceed twice heartbeat_ms");
         }
+        if self.mesh.cluster_size == 0 || self.mesh.max_down_percent > 100 {
+            bail!("[mesh]: cluster_size must be >= 1 and max_down_percent <= 100");
+        }
+        if self.mesh_addr.is_some() {
+            self.mesh_settings_parts()?;
+        }
         Ok(())
     }
 
@@ -186,6 +287,30 @@ impl AuthorityConfig {
                 )
             })
             .collect()
+    }
+
+    /// The embedded member's zone, mesh tuning (validated) and node keys.
+    ///
+    /// # Errors
+    /// A bad zone, SWIM timings foca refuses, or a bad node key.
+    pub fn mesh_settings_parts(&self) -> anyhow::Result<(Zone, shoal_mesh::MeshConfig, NodeKeys)> {
+        let zone = Zone::new(self.mesh_zone.clone()).context("mesh_zone")?;
+        let mut mesh = shoal_mesh::MeshConfig::for_cluster_size(self.mesh.cluster_size);
+        crate::member::apply_knobs(&mut mesh, &self.mesh);
+        mesh.membership
+            .validate()
+            .map_err(|e| anyhow::anyhow!("[mesh]: {e}"))?;
+        let mut keys = Vec::new();
+        for (n, k) in &self.mesh.node_keys {
+            let node = NodeId::new(n.clone()).context("[mesh] node_keys")?;
+            let bytes: [u8; 32] = from_hex(k.trim())
+                .and_then(|b| b.try_into().ok())
+                .with_context(|| format!("[mesh] node_keys.{n}: expected 64 hex characters"))?;
+            let key = VerifyingKey::from_bytes(bytes)
+                .map_err(|e| anyhow::anyhow!("[mesh] node_keys.{n}: {e}"))?;
+            keys.push((node, key));
+        }
+        Ok((zone, mesh, keys))
     }
 
     /// Reads the region signing key.

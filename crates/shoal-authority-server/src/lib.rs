@@ -11,6 +11,8 @@
 //!   deadlines; only configured members may speak Raft.
 //! - [`server`]: the replica: agent RPC (leader-only writes, `NotLeader`, bounded
 //!   `NoQuorum`), leader takeover, the lease safety net, audit log, metrics.
+//! - [`member`]: the embedded mesh member (liveness view for the lease safety net,
+//!   dissemination of every applied record).
 //! - [`client`]: an RPC client for the CLI, tests and benches.
 //! - [`cli`]: `shoal authority run|status|snapshot|keygen`.
 //! - [`config`]: the `authority.toml` file.
@@ -19,6 +21,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod files;
+pub mod member;
 pub mod network;
 pub mod server;
 pub mod storage;

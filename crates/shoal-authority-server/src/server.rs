@@ -17,10 +17,26 @@
 //! On becoming leader (each new term) the replica proposes `LeaderTakeover { now_ms }` before
 //! anything else of its own, then every `expire_interval_ms` proposes `ExpireLeases { now_ms }`
 //! when the state says a lease deadline has passed. `now_ms` is this process's monotonic clock.
+//! Lease and liveness duties wait until this term's takeover has committed.
+//!
+//! # The embedded mesh member
+//! With `mesh_addr` set, every replica runs an ordinary mesh member ([`crate::member`]).
+//! - **Publishing**: every replica hands each applied signed lifecycle record (client writes
+//!   and `ExpireLeases` batches) to its member, which disseminates it. Followers publish too:
+//!   if the leader dies between commit and publish (an expiry batch has no requesting agent
+//!   to relay it), a follower's member still carries the record; a record already received
+//!   through the mesh merges as a duplicate and is not pushed again.
+//! - **Liveness** (leader only): on every membership change and every `expire_interval_ms`
+//!   the leader reconciles its member's view with the state: `NodeDown { node, at_ms }` for a
+//!   node owning live records that the view holds down (or, past `absent_grace_ms` of being
+//!   active, has never seen alive) and the state does not track; `NodeUp` for a tracked node
+//!   the view sees alive. No `NodeDown` is proposed while the member is not active or more
+//!   than `max_down_percent` of the nodes it knows are down: an isolated member must not
+//!   start the lease clock of a whole region.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -40,6 +56,7 @@ use shoal_transport::transport::{Channel, Inbound, Transport, TransportConfig};
 use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::config::AuthorityConfig;
+use crate::member::{self, MemberHandle, MemberSettings, MeshView};
 use crate::network::{Network, RaftRpc};
 use crate::storage::{Applied, LogStore, StateMachineStore, AUDIT_FILE};
 use crate::types::{Proposal, Raft, RaftId};
@@ -93,6 +110,75 @@ pub struct Replica {
     inflight: Arc<Semaphore>,
     audit: std::sync::Mutex<Option<std::fs::File>>,
     takeover_term: AtomicU64,
+    /// The term whose `LeaderTakeover` has committed (lease and liveness duties wait for it).
+    takeover_done: AtomicU64,
+    liveness_busy: AtomicBool,
+    member: Option<MemberHandle>,
+}
+
+/// Most liveness commands proposed per reconciliation round.
+pub const MAX_LIVENESS_PROPOSALS: usize = 256;
+
+/// The liveness commands that bring the state in line with the member's view (see the
+/// module docs). Pure; exposed for tests.
+pub fn liveness_plan(
+    state: &shoal_authority::AuthorityState,
+    view: &MeshView,
+    now_ms: u64,
+    absent_grace_ms: u64,
+    max_down_percent: u8,
+) -> Vec<AuthorityCommand> {
+    let mut out = Vec::new();
+    for (node, _) in state.down_nodes() {
+        if view.alive.contains(node) {
+            out.push(AuthorityCommand::NodeUp { node: node.clone() });
+        }
+    }
+    if !view.active {
+        out.truncate(MAX_LIVENESS_PROPOSALS);
+        return out;
+    }
+    let owners: BTreeSet<&NodeId> = state
+        .bindings()
+        .filter(|(_, _, b)| b.state() != shoal_proto::LifecycleState::Expired)
+        .map(|(_, _, b)| b.node())
+        .collect();
+    let absent_ok = absent_grace_ms > 0
+        && view
+            .active_since_ms
+            .is_some_and(|t| now_ms.saturating_sub(t) >= absent_grace_ms);
+    let mut downs = Vec::new();
+    let mut absent = 0usize;
+    for node in &owners {
+        if view.alive.contains(*node) {
+            continue;
+        }
+        let at = match view.down.get(*node) {
+            Some(at) => *at,
+            None if absent_ok => {
+                absent += 1;
+                now_ms
+            }
+            None => continue,
+        };
+        if state.down_since_ms(node).is_none() {
+            downs.push(AuthorityCommand::NodeDown {
+                node: (*node).clone(),
+                at_ms: at,
+            });
+        }
+    }
+    let known = view.alive.len() + view.down.len() + absent;
+    let down = view.down.len() + absent;
+    if down * 100 > known * usize::from(max_down_percent) {
+        if !downs.is_empty() {
+            counter!("shoal_authority_liveness_suppressed_total").increment(downs.len() as u64);
+        }
+        downs.clear();
+    }
+    out.extend(downs);
+    out.truncate(MAX_LIVENESS_PROPOSALS);
+    out
 }
 
 impl std::fmt::Debug for Replica {
@@ -132,6 +218,37 @@ impl Replica {
         let key = read_pem_file(&cfg.key)?;
         let signing_key = cfg.load_signing_key()?;
         let me = cfg.me().clone();
+        let started = Instant::now();
+
+        let member = match cfg.mesh_addr {
+            None => None,
+            Some(listen) => {
+                let (zone, mesh, node_keys) = cfg.mesh_settings_parts()?;
+                let mut keyring = shoal_catalog::Keyring::new();
+                keyring.trust_authority(cfg.region.clone(), signing_key.verifying_key());
+                for (n, k) in node_keys {
+                    keyring.trust_node(n, k);
+                }
+                let settings = MemberSettings {
+                    listen,
+                    seeds: cfg.mesh_seeds.clone(),
+                    region: cfg.region.clone(),
+                    zone,
+                    mesh,
+                    keyring,
+                    ca_pem: ca.clone(),
+                    cert_pem: cert.clone(),
+                    key_pem: key.clone(),
+                    join_max_ms: cfg.mesh.join_max_ms,
+                };
+                let node: NodeId = me
+                    .node
+                    .parse()
+                    .map_err(|e| anyhow::anyhow!("members[].node {}: {e}", me.node))?;
+                let boot = member::bump_boot(&cfg.data_dir).context("mesh boot generation")?;
+                Some(member::start(settings, node, boot, started)?)
+            }
+        };
 
         let (applied_tx, applied_rx) = mpsc::channel(APPLIED_QUEUE);
         let log = LogStore::open(&cfg.data_dir).context("opening the raft log")?;
@@ -202,13 +319,16 @@ impl Replica {
             sm,
             rpc: rpc_t,
             raft_rpc,
-            started: Instant::now(),
+            started,
             audit: std::sync::Mutex::new(audit),
             takeover_term: AtomicU64::new(0),
+            takeover_done: AtomicU64::new(0),
+            liveness_busy: AtomicBool::new(false),
+            member: member.clone(),
         });
         tokio::spawn(replica.clone().serve_rpc(rpc_in));
         tokio::spawn(replica.clone().leader_duties());
-        tokio::spawn(drain_applied(applied_rx));
+        tokio::spawn(drain_applied(applied_rx, member));
         tracing::info!(id = replica.cfg.id, node = %me.node, rpc = %me.rpc_addr, raft = %me.raft_addr, "authority replica started");
         Ok(replica)
     }
@@ -236,11 +356,19 @@ impl Replica {
         Ok(())
     }
 
-    /// Builds a final snapshot, stops Raft and closes both transports.
+    /// The embedded mesh member, when configured.
+    pub fn member(&self) -> Option<&MemberHandle> {
+        self.member.as_ref()
+    }
+
+    /// Builds a final snapshot, stops Raft, leaves the mesh and closes the transports.
     pub async fn shutdown(&self) {
         let _ = self.snapshot_now().await;
         tokio::time::sleep(Duration::from_millis(100)).await;
         let _ = self.raft.shutdown().await;
+        if let Some(m) = &self.member {
+            m.shutdown().await;
+        }
         self.rpc.shutdown().await;
         self.raft_rpc.transport().shutdown().await;
     }
@@ -290,7 +418,7 @@ impl Replica {
     async fn serve_rpc(self: Arc<Self>, mut inbound: mpsc::Receiver<Inbound>) {
         while let Some(msg) = inbound.recv().await {
             if msg.channel != Channel::Stream {
-                continue; // no mesh member embedded yet: datagrams are not for us
+                continue; // the RPC endpoint carries no SWIM (the member has its own address)
             }
             let req: AuthorityRequest = match envelope::decode(
                 &msg.bytes,
@@ -504,10 +632,12 @@ impl Replica {
         let mut metrics: watch::Receiver<_> = self.raft.metrics();
         let mut tick = tokio::time::interval(Duration::from_millis(self.cfg.expire_interval_ms));
         let mut last_leader: Option<RaftId> = None;
+        let member = self.member.clone();
         loop {
             tokio::select! {
                 r = metrics.changed() => if r.is_err() { return },
                 _ = tick.tick() => {},
+                () = async { match &member { Some(m) => m.changed().await, None => std::future::pending().await } } => {},
             }
             let m = metrics.borrow().clone();
             gauge!("shoal_authority_term").set(m.current_term as f64);
@@ -539,7 +669,10 @@ impl Replica {
                         .write(AuthorityCommand::LeaderTakeover { now_ms })
                         .await
                     {
-                        Ok(_) => tracing::info!(term, now_ms, "leader takeover committed"),
+                        Ok(_) => {
+                            this.takeover_done.fetch_max(term, Ordering::AcqRel);
+                            tracing::info!(term, now_ms, "leader takeover committed");
+                        }
                         Err(e) => {
                             tracing::warn!(term, error = %e, "leader takeover not committed");
                             // Retry at the next tick.
@@ -550,6 +683,10 @@ impl Replica {
                 });
                 continue;
             }
+            if self.takeover_done.load(Ordering::Acquire) < term {
+                continue; // the takeover is in flight: no lease or liveness entry before it
+            }
+            self.reconcile_liveness();
             let now_ms = self.mono_ms();
             let due = self
                 .sm
@@ -567,13 +704,67 @@ impl Replica {
     }
 }
 
-/// Consumes applied records. Without an embedded mesh member the records reach agents through
-/// the requesting agent (which injects the signed reply) and mesh anti-entropy; this task only
-/// counts them.
-async fn drain_applied(mut rx: mpsc::Receiver<Applied>) {
+impl Replica {
+    /// Leader only: proposes the liveness commands of [`liveness_plan`], one round at a time.
+    fn reconcile_liveness(self: &Arc<Self>) {
+        let Some(member) = &self.member else {
+            return;
+        };
+        if self.liveness_busy.load(Ordering::Acquire) {
+            return;
+        }
+        let now_ms = self.mono_ms();
+        let knobs = &self.cfg.mesh;
+        let plan = member.with_view(|view| {
+            self.sm.with_state(|s| {
+                liveness_plan(
+                    s,
+                    view,
+                    now_ms,
+                    knobs.absent_grace_ms,
+                    knobs.max_down_percent,
+                )
+            })
+        });
+        if plan.is_empty() || self.liveness_busy.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            for cmd in plan {
+                let kind = match &cmd {
+                    AuthorityCommand::NodeDown { .. } => "node_down",
+                    _ => "node_up",
+                };
+                let desc = format!("{cmd:?}");
+                match this.write(cmd).await {
+                    Ok(_) => {
+                        counter!("shoal_authority_liveness_proposals_total", "kind" => kind)
+                            .increment(1);
+                        tracing::info!(command = %desc, "liveness committed");
+                    }
+                    Err(e) => {
+                        tracing::warn!(command = %desc, error = %e, "liveness not committed");
+                        break;
+                    }
+                }
+            }
+            this.liveness_busy.store(false, Ordering::Release);
+        });
+    }
+}
+
+/// Consumes applied records: counts them and hands them to the embedded mesh member, which
+/// disseminates them (bounded queue, drops counted). Without a member the records reach
+/// agents through the requesting agent (which injects the signed reply) and anti-entropy.
+async fn drain_applied(mut rx: mpsc::Receiver<Applied>, member: Option<MemberHandle>) {
     while let Some(a) = rx.recv().await {
         counter!("shoal_authority_records_signed_total").increment(a.records.len() as u64);
-        let _ = a.log_index;
+        if let Some(m) = &member {
+            if m.publish(a.records) {
+                counter!("shoal_authority_mesh_published_total").increment(1);
+            }
+        }
     }
 }
 
