@@ -113,6 +113,7 @@ pub struct Replica {
     /// The term whose `LeaderTakeover` has committed (lease and liveness duties wait for it).
     takeover_done: AtomicU64,
     liveness_busy: AtomicBool,
+    expire_busy: AtomicBool,
     member: Option<MemberHandle>,
 }
 
@@ -324,6 +325,7 @@ impl Replica {
             takeover_term: AtomicU64::new(0),
             takeover_done: AtomicU64::new(0),
             liveness_busy: AtomicBool::new(false),
+            expire_busy: AtomicBool::new(false),
             member: member.clone(),
         });
         tokio::spawn(replica.clone().serve_rpc(rpc_in));
@@ -691,13 +693,15 @@ impl Replica {
             let due = self
                 .sm
                 .with_state(|s| s.next_lease_deadline_ms().is_some_and(|d| d <= now_ms));
-            if due {
+            // One batch in flight at a time (the state is re-read after it applied).
+            if due && !self.expire_busy.swap(true, Ordering::AcqRel) {
                 let this = self.clone();
                 tokio::spawn(async move {
                     match this.write(AuthorityCommand::ExpireLeases { now_ms }).await {
                         Ok(recs) => tracing::info!(expired = recs.len(), "lease safety net"),
                         Err(e) => tracing::warn!(error = %e, "expire leases not committed"),
                     }
+                    this.expire_busy.store(false, Ordering::Release);
                 });
             }
         }

@@ -1,0 +1,583 @@
+//! Cross-process tests of the region authority with real agents: three `shoal authority run`
+//! replicas (each with its embedded mesh member) and `shoal agent` processes on 127.0.x.y,
+//! certificates in a temp dir. Every wait polls with a bounded deadline; no fixed sleeps.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{endpoint, eventually, http, Agent, MEMBERSHIP, PORT};
+use serde_json::Value;
+use shoal_authority_server::config::to_hex;
+use shoal_catalog::{snapshot, Keyring};
+use shoal_proto::{LifecycleState, NodeId, Region, SigningKey, TransitionReason, TransitionSource};
+use shoal_transport::certs;
+
+const SVC: &str = "/v1/services/prod/web/http";
+const RAFT_PORT: u16 = 27101;
+const RPC_PORT: u16 = 27100;
+const MESH_PORT: u16 = 27102;
+const METRICS_PORT: u16 = 29464;
+const WAIT: Duration = Duration::from_secs(40);
+
+struct Authority {
+    name: String,
+    config: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Authority {
+    fn start(&mut self) {
+        assert!(self.child.is_none());
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        self.child = Some(
+            Command::new(env!("CARGO_BIN_EXE_shoal"))
+                .args(["authority", "run", "--config"])
+                .arg(&self.config)
+                .env("RUST_LOG", "info,openraft=warn")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .unwrap(),
+        );
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Authority {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+struct Region3 {
+    tmp: tempfile::TempDir,
+    subnet: u8,
+    region_key: SigningKey,
+    auths: Vec<Authority>,
+    agents: Vec<Agent>,
+}
+
+impl Drop for Region3 {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for a in &self.auths {
+                let t = std::fs::read_to_string(&a.log).unwrap_or_default();
+                eprintln!("---- {} ----", a.name);
+                for l in t
+                    .lines()
+                    .rev()
+                    .take(25)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                {
+                    eprintln!("{l}");
+                }
+            }
+            for a in &self.agents {
+                let t = a.log();
+                eprintln!("---- {} ----", a.name);
+                for l in t
+                    .lines()
+                    .rev()
+                    .take(15)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                {
+                    eprintln!("{l}");
+                }
+            }
+        }
+        for a in &mut self.agents {
+            a.kill9();
+        }
+        for a in &mut self.auths {
+            a.kill9();
+        }
+        let _ = self.tmp.path();
+    }
+}
+
+fn agent_ip(subnet: u8, i: usize) -> String {
+    format!("127.0.{subnet}.{}", i + 1)
+}
+fn auth_ip(subnet: u8, i: usize) -> String {
+    format!("127.0.{subnet}.{}", i + 11)
+}
+
+impl Region3 {
+    /// 3 authorities (each with an embedded mesh member) and `n` agents trusting the region key.
+    fn new(subnet: u8, n: usize) -> Self {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let region: Region = "dev".parse().unwrap();
+        let ca = certs::create_ca(&region, dir).unwrap();
+        let seed = [subnet; 32];
+        let region_key = SigningKey::from_seed(seed);
+        std::fs::write(dir.join("region.key"), to_hex(&seed)).unwrap();
+        let pubkey = to_hex(&region_key.verifying_key().to_bytes());
+        let names: Vec<String> = (0..n)
+            .map(|i| format!("node-{}", (b'a' + i as u8) as char))
+            .collect();
+        let extra = ["node-x".to_owned()]; // the rogue member of the bad-signature check
+        for name in names
+            .iter()
+            .cloned()
+            .chain((1..=3).map(|i| format!("auth-{i}")))
+            .chain(extra)
+        {
+            certs::create_node_cert(
+                &ca,
+                &name.parse::<NodeId>().unwrap(),
+                &region,
+                &certs::ExtraSans::default(),
+                dir,
+            )
+            .unwrap();
+        }
+        let agent_addrs: Vec<String> = (0..n)
+            .map(|i| format!("\"{}:{PORT}\"", agent_ip(subnet, i)))
+            .collect();
+        let mesh_addrs: Vec<String> = (0..3)
+            .map(|i| format!("\"{}:{MESH_PORT}\"", auth_ip(subnet, i)))
+            .collect();
+        let rpc_addrs: Vec<String> = (0..3)
+            .map(|i| format!("\"{}:{RPC_PORT}\"", auth_ip(subnet, i)))
+            .collect();
+        let mut members = String::new();
+        for i in 0..3 {
+            let ip = auth_ip(subnet, i);
+            members.push_str(&format!(
+                "[[members]]\nid = {}\nnode = \"auth-{}\"\nraft_addr = \"{ip}:{RAFT_PORT}\"\nrpc_addr = \"{ip}:{RPC_PORT}\"\n\n",
+                i + 1,
+                i + 1
+            ));
+        }
+        // The agents' SWIM timings (common::MEMBERSHIP) without the agent-only key.
+        let knobs: String = MEMBERSHIP
+            .lines()
+            .filter(|l| !l.starts_with('['))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let mut auths = Vec::new();
+        for i in 0..3 {
+            let name = format!("auth-{}", i + 1);
+            let config = dir.join(format!("{name}.toml"));
+            let text = format!(
+                "id = {}\nregion = \"dev\"\ndata_dir = \"{}\"\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
+                 signing_key = \"{}\"\nheartbeat_ms = 100\nelection_timeout_ms = 500\nwrite_timeout_ms = 2000\n\
+                 quorum_stale_ms = 1000\nexpire_interval_ms = 200\n\
+                 mesh_addr = \"{}:{MESH_PORT}\"\nmesh_seeds = [{}]\n\n[mesh]\ncluster_size = 8\njoin_max_ms = 1000\n\
+                 absent_grace_ms = 5000\n{knobs}\n{members}",
+                i + 1,
+                dir.join(format!("data-{name}")).display(),
+                dir.join("dev-ca.pem").display(),
+                dir.join(format!("dev-node-{name}.pem")).display(),
+                dir.join(format!("dev-node-{name}-key.pem")).display(),
+                dir.join("region.key").display(),
+                auth_ip(subnet, i),
+                agent_addrs.join(", "),
+            );
+            std::fs::write(&config, text).unwrap();
+            auths.push(Authority {
+                log: dir.join(format!("{name}.log")),
+                name,
+                config,
+                child: None,
+            });
+        }
+        let mut agents = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let ip = agent_ip(subnet, i);
+            let seeds: Vec<String> = agent_addrs
+                .iter()
+                .filter(|a| !a.contains(&format!("{ip}:")))
+                .chain(mesh_addrs.iter())
+                .cloned()
+                .collect();
+            let authority = format!(
+                "addresses = [{}]\nrpc_timeout_ms = 500\nrpc_budget_ms = 4000\nstatus_interval_ms = 300",
+                rpc_addrs.join(", ")
+            );
+            let trust = format!("authority_keys = [\"{pubkey}\"]");
+            agents.push(write_agent(
+                dir,
+                name,
+                &ip,
+                &seeds.join(", "),
+                &trust,
+                &authority,
+            ));
+        }
+        Self {
+            tmp,
+            subnet,
+            region_key,
+            auths,
+            agents,
+        }
+    }
+
+    fn start_all(&mut self) {
+        for a in &mut self.auths {
+            a.start();
+        }
+        for a in &mut self.agents {
+            a.start();
+        }
+    }
+
+    fn live_agents(&self) -> impl Iterator<Item = &Agent> {
+        self.agents.iter().filter(|a| a.child.is_some())
+    }
+}
+
+fn write_agent(
+    dir: &Path,
+    name: &str,
+    ip: &str,
+    seeds: &str,
+    trust: &str,
+    authority: &str,
+) -> Agent {
+    let config = dir.join(format!("{name}.toml"));
+    let socket = dir.join(format!("{name}.sock"));
+    let text = format!(
+        "node_id = \"{name}\"\nregion = \"dev\"\nzone = \"z1\"\ndata_dir = \"data-{name}\"\nlisten = \"{ip}:{PORT}\"\n\
+         socket = \"{}\"\nmetrics = \"{ip}:{METRICS_PORT}\"\nseeds = [{seeds}]\ncluster_size = 8\n\n\
+         [tls]\nca = \"dev-ca.pem\"\ncert = \"dev-node-{name}.pem\"\nkey = \"dev-node-{name}-key.pem\"\n\n\
+         [trust]\n{trust}\n\n[authority]\n{authority}\n\n[persist]\ninterval_ms = 300\n\n\
+         [api]\nstaleness_budget_ms = 2000\n\n[join]\nbase_ms = 100\nmax_ms = 1000\n\n{MEMBERSHIP}",
+        socket.display()
+    );
+    std::fs::write(&config, text).unwrap();
+    Agent {
+        name: name.to_owned(),
+        ip: ip.to_owned(),
+        dir: dir.to_owned(),
+        config,
+        socket,
+        child: None,
+    }
+}
+
+/// Registers `instance` at `agent` (retrying while the authority elects a leader), optionally
+/// with a lease, and returns the response.
+fn register(agent: &Agent, instance: &str, lease_ms: Option<u32>) -> Value {
+    let lease = lease_ms.map_or(String::new(), |l| format!(",\"lease_ms\":{l}"));
+    let body = format!(
+        "{{\"instance\":\"{instance}\",\"address\":\"{}:{}\"{lease}}}",
+        agent.ip,
+        8000 + instance.len()
+    );
+    eventually(
+        WAIT,
+        &format!("register {instance} at {}", agent.name),
+        || {
+            let (code, v) = agent.post(&format!("{SVC}/register"), &body)?;
+            (code == 200).then_some(v)
+        },
+    )
+}
+
+fn transition(agent: &Agent, instance: &str, action: &str) -> Value {
+    eventually(
+        WAIT,
+        &format!("{action} {instance} at {}", agent.name),
+        || {
+            let (code, v) = agent.post(&format!("{SVC}/instances/{instance}/{action}"), "")?;
+            (code == 200).then_some(v)
+        },
+    )
+}
+
+fn endpoint_at(agent: &Agent, instance: &str) -> Option<Value> {
+    let (_, v) = agent.get(&format!("{SVC}/endpoints"))?;
+    endpoint(&v, instance).cloned()
+}
+
+fn wait_state(agent: &Agent, instance: &str, state: &str) -> Value {
+    eventually(
+        WAIT,
+        &format!("{} sees {instance} {state}", agent.name),
+        || endpoint_at(agent, instance).filter(|e| e["state"] == state),
+    )
+}
+
+/// `shoal_rejected_inputs_total{source="catalog",reason="bad_signature"}` of one agent.
+fn bad_signatures(agent: &Agent) -> u64 {
+    let Ok(mut s) = std::net::TcpStream::connect(format!("{}:{METRICS_PORT}", agent.ip)) else {
+        return 0;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.lines()
+        .filter(|l| {
+            l.starts_with("shoal_rejected_inputs_total")
+                && l.contains("reason=\"bad_signature\"")
+                && l.contains("source=\"catalog\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
+}
+
+fn wait_members(agent: &Agent, n: u64) {
+    eventually(WAIT, &format!("{} sees {n} members", agent.name), || {
+        let (_, v) = agent.get("/v1/agent/self")?;
+        (v["members"].as_u64()? >= n && v["active"] == true).then_some(())
+    });
+}
+
+/// (state, revision) of every endpoint an agent lists.
+fn catalog_of(agent: &Agent) -> Option<BTreeMap<String, (String, u64)>> {
+    let (_, v) = agent.get(&format!("{SVC}/endpoints"))?;
+    Some(
+        v["endpoints"]
+            .as_array()?
+            .iter()
+            .map(|e| {
+                (
+                    e["instance"].as_str().unwrap_or_default().to_owned(),
+                    (
+                        e["state"].as_str().unwrap_or_default().to_owned(),
+                        e["revision"].as_u64().unwrap_or(0),
+                    ),
+                )
+            })
+            .collect(),
+    )
+}
+
+#[test]
+fn authorities_and_agents_drain_verify_outage_and_converge() {
+    let mut r = Region3::new(61, 5);
+    r.start_all();
+    // 4 other agents + 3 authority members.
+    for a in &r.agents {
+        wait_members(a, 7);
+    }
+
+    // register -> READY -> DRAIN through the agent API.
+    let reg = register(&r.agents[0], "web-1", None);
+    assert_eq!(reg["records"], 1, "{reg}");
+    transition(&r.agents[0], "web-1", "ready");
+    for a in &r.agents {
+        wait_state(a, "web-1", "READY");
+    }
+    let out = transition(&r.agents[0], "web-1", "drain");
+    assert_eq!(out["state"], "DRAINING", "{out}");
+    for a in &r.agents {
+        let e = wait_state(a, "web-1", "DRAINING");
+        assert_eq!(e["routable"], false, "{e}");
+    }
+
+    // The DRAINING record another agent holds verifies against the region key, and only it.
+    let e = &r.agents[4];
+    let mut trusted = Keyring::new();
+    trusted.trust_authority("dev".parse().unwrap(), r.region_key.verifying_key());
+    let snap = eventually(WAIT, "node-e persisted the DRAINING record", || {
+        let bytes = std::fs::read(e.dir.join("data-node-e").join("catalog.snap")).ok()?;
+        let snap = snapshot::decode(&bytes, &trusted).ok()?;
+        snap.lifecycle
+            .iter()
+            .any(|l| {
+                l.record.instance.as_str() == "web-1" && l.record.state == LifecycleState::Draining
+            })
+            .then_some((bytes, snap))
+    });
+    let rec = snap
+        .1
+        .lifecycle
+        .iter()
+        .find(|l| l.record.instance.as_str() == "web-1")
+        .unwrap();
+    r.region_key.verifying_key().verify_lifecycle(rec).unwrap();
+    let mut other = Keyring::new();
+    other.trust_authority(
+        "dev".parse().unwrap(),
+        SigningKey::from_seed([1; 32]).verifying_key(),
+    );
+    assert!(
+        snapshot::decode(&snap.0, &other).is_err(),
+        "verifies only against the region key"
+    );
+
+    // A record signed by an unknown key (a member running the insecure dev authority) is
+    // rejected and counted by the agents, and never listed.
+    let before: u64 = r.agents.iter().map(bad_signatures).sum();
+    let seeds: Vec<String> = (0..5)
+        .map(|i| format!("\"{}:{PORT}\"", agent_ip(r.subnet, i)))
+        .collect();
+    let mut rogue = write_agent(
+        r.tmp.path(),
+        "node-x",
+        &format!("127.0.{}.9", r.subnet),
+        &seeds.join(", "),
+        "dev_authority = true",
+        "dev = true",
+    );
+    rogue.start();
+    wait_members(&rogue, 5);
+    register(&rogue, "rogue-1", None);
+    transition(&rogue, "rogue-1", "ready");
+    eventually(WAIT, "agents count bad signatures", || {
+        let now: u64 = r.agents.iter().map(bad_signatures).sum();
+        (now > before).then_some(())
+    });
+    for a in &r.agents {
+        assert!(
+            endpoint_at(a, "rogue-1").is_none(),
+            "{} lists the rogue record",
+            a.name
+        );
+    }
+    rogue.stop();
+
+    // Last-known endpoints for the outage: web-2 READY on node-c, web-3 READY on node-d.
+    register(&r.agents[2], "web-2", None);
+    transition(&r.agents[2], "web-2", "ready");
+    register(&r.agents[3], "web-3", None);
+    transition(&r.agents[3], "web-3", "ready");
+    for a in &r.agents {
+        wait_state(a, "web-2", "READY");
+        wait_state(a, "web-3", "READY");
+    }
+
+    // Compressed outage: every authority down.
+    for a in &mut r.auths {
+        a.kill9();
+    }
+    for a in &r.agents {
+        eventually(WAIT, &format!("{} reports staleness", a.name), || {
+            let (code, v) = a.get(&format!("{SVC}/endpoints"))?;
+            let web2 = endpoint(&v, "web-2")?;
+            (code == 200 && v["stale"] == true && web2["routable"] == true).then_some(())
+        });
+    }
+    let (code, v) = r.agents[0]
+        .post(&format!("{SVC}/instances/web-1/ready"), "")
+        .unwrap();
+    assert_eq!(code, 503, "writes fail while the authority is down: {v}");
+
+    // A hard failure of an agent is still detected, authority or not.
+    let killed_at = Instant::now();
+    r.agents[3].kill9();
+    for a in r.live_agents() {
+        eventually(
+            common::detection_bound() + Duration::from_secs(5),
+            &format!("{} sees node-d down", a.name),
+            || {
+                let e = endpoint_at(a, "web-3")?;
+                (e["owner_down"] == true && e["routable"] == false).then_some(())
+            },
+        );
+    }
+    eprintln!("node-d detected down in {:?}", killed_at.elapsed());
+
+    // Restart (with jitter between replicas): reads freshen, writes work, catalogs converge.
+    for i in 0..3 {
+        r.auths[i].start();
+        let pause = Instant::now() + Duration::from_millis(50 * (i as u64 + 1));
+        while Instant::now() < pause {
+            std::thread::yield_now();
+        }
+    }
+    let out = transition(&r.agents[2], "web-2", "drain");
+    assert_eq!(out["state"], "DRAINING", "{out}");
+    for a in r.live_agents() {
+        wait_state(a, "web-2", "DRAINING");
+        eventually(WAIT, &format!("{} fresh again", a.name), || {
+            let (_, v) = a.get(&format!("{SVC}/endpoints"))?;
+            (v["stale"] == false).then_some(())
+        });
+    }
+    let reference = catalog_of(&r.agents[0]).unwrap();
+    assert_eq!(reference["web-1"].0, "DRAINING");
+    // node-d is down, so web-3 is listed unroutable ("UNHEALTHY"); with the default lease it
+    // is not expired.
+    assert_eq!(reference["web-3"].0, "UNHEALTHY", "{reference:?}");
+    for a in r.live_agents() {
+        eventually(WAIT, &format!("{} converged", a.name), || {
+            (catalog_of(a)? == reference).then_some(())
+        });
+    }
+}
+
+#[test]
+fn lease_safety_net_expires_a_dead_nodes_instances() {
+    let mut r = Region3::new(62, 3);
+    r.start_all();
+    for a in &r.agents {
+        wait_members(a, 5);
+    }
+    register(&r.agents[1], "web-9", Some(1_500));
+    transition(&r.agents[1], "web-9", "ready");
+    register(&r.agents[0], "web-8", Some(1_500));
+    transition(&r.agents[0], "web-8", "ready");
+    for a in &r.agents {
+        wait_state(a, "web-9", "READY");
+    }
+    r.agents[1].kill9();
+    // EXPIRED records are tombstones: gone from the API's endpoints, held (signed) in the
+    // catalog every agent persists.
+    let mut trusted = Keyring::new();
+    trusted.trust_authority("dev".parse().unwrap(), r.region_key.verifying_key());
+    for a in r.live_agents() {
+        let rec = eventually(WAIT, &format!("{} holds web-9 EXPIRED", a.name), || {
+            let bytes =
+                std::fs::read(a.dir.join(format!("data-{}", a.name)).join("catalog.snap")).ok()?;
+            let snap = snapshot::decode(&bytes, &trusted).ok()?;
+            snap.lifecycle
+                .iter()
+                .find(|l| {
+                    l.record.instance.as_str() == "web-9"
+                        && l.record.state == LifecycleState::Expired
+                })
+                .cloned()
+        });
+        assert_eq!(rec.record.reason, TransitionReason::LeaseExpired, "{rec:?}");
+        assert_eq!(rec.record.source, TransitionSource::Authority, "{rec:?}");
+        r.region_key.verifying_key().verify_lifecycle(&rec).unwrap();
+        eventually(WAIT, &format!("{} no longer lists web-9", a.name), || {
+            let (_, v) = a.get(&format!("{SVC}/endpoints"))?;
+            endpoint(&v, "web-9").is_none().then_some(())
+        });
+    }
+    // The live node's instance is untouched, and its lease is not running.
+    for a in r.live_agents() {
+        let e = endpoint_at(a, "web-8").unwrap();
+        assert_eq!(e["state"], "READY", "{e}");
+    }
+    let logs: String = r
+        .auths
+        .iter()
+        .map(|a| std::fs::read_to_string(&a.log).unwrap_or_default())
+        .collect();
+    assert!(logs.contains("NodeDown"), "the leader proposed NodeDown");
+    assert!(
+        logs.contains("lease safety net"),
+        "the leader expired leases"
+    );
+    let _ = http;
+}
