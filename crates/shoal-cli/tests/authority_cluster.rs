@@ -581,3 +581,83 @@ fn lease_safety_net_expires_a_dead_nodes_instances() {
     );
     let _ = http;
 }
+
+/// `applied_index` and `revision` of one replica, via `shoal authority status`.
+fn authority_status(r: &Region3, i: usize) -> Option<(u64, u64, Option<String>)> {
+    let dir = r.tmp.path();
+    let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
+        .args(["authority", "status", "--addr"])
+        .arg(format!("{}:{RPC_PORT}", auth_ip(r.subnet, i)))
+        .arg("--ca")
+        .arg(dir.join("dev-ca.pem"))
+        .arg("--cert")
+        .arg(dir.join("dev-node-node-a.pem"))
+        .arg("--key")
+        .arg(dir.join("dev-node-node-a-key.pem"))
+        .output()
+        .ok()?;
+    let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+    Some((
+        v["applied_index"].as_u64()?,
+        v["revision"].as_u64()?,
+        v["leader"].as_str().map(str::to_owned),
+    ))
+}
+
+/// Steady-state authority write rate with 5 agents and 100 registered READY instances: the
+/// Raft log must not grow while nothing changes (no renewals through Raft). The window is
+/// `SHOAL_WRITE_RATE_SECS` (default 60). Run with
+/// `cargo test -p shoal-cli --test authority_cluster -- --ignored --nocapture steady_state`.
+#[test]
+#[ignore = "measurement: 60 s window"]
+fn steady_state_write_rate() {
+    let secs: u64 = std::env::var("SHOAL_WRITE_RATE_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
+    let mut r = Region3::new(63, 5);
+    r.start_all();
+    for a in &r.agents {
+        wait_members(a, 7);
+    }
+    for n in 0..100 {
+        let a = &r.agents[n % 5];
+        register(a, &format!("inst-{n:03}"), None);
+        transition(a, &format!("inst-{n:03}"), "ready");
+    }
+    for a in &r.agents {
+        eventually(WAIT, &format!("{} sees 100 READY", a.name), || {
+            let (_, v) = a.get(&format!("{SVC}/endpoints"))?;
+            (v["endpoints"].as_array()?.len() == 100).then_some(())
+        });
+    }
+    let sample = || -> Vec<(u64, u64)> {
+        (0..3)
+            .map(|i| {
+                eventually(WAIT, "authority status", || {
+                    authority_status(&r, i).map(|(a, rev, _)| (a, rev))
+                })
+            })
+            .collect()
+    };
+    let before = sample();
+    let started = Instant::now();
+    // The measurement window itself (not a wait for a condition).
+    std::thread::sleep(Duration::from_secs(secs));
+    let after = sample();
+    let elapsed = started.elapsed().as_secs_f64();
+    for i in 0..3 {
+        let writes = after[i].0 - before[i].0;
+        eprintln!(
+            "auth-{}: applied_index {} -> {} ({writes} entries, {:.3} writes/s over {elapsed:.1} s), revision {} -> {}",
+            i + 1,
+            before[i].0,
+            after[i].0,
+            writes as f64 / elapsed,
+            before[i].1,
+            after[i].1
+        );
+        assert_eq!(writes, 0, "steady state must write nothing through Raft");
+        assert_eq!(after[i].1, before[i].1);
+    }
+}
