@@ -55,6 +55,13 @@ use shoal_proto::envelope::{
 };
 use shoal_proto::{Generation, NodeId};
 
+/// Holding at least 1 / `PARTITION_DOWN_DIVISOR` of the known members as down is taken as a
+/// partition (not a lone isolated peer) when deciding whether to trust `TurnUndead`.
+const PARTITION_DOWN_DIVISOR: usize = 5;
+
+/// How long, ms, a partition verdict keeps `TurnUndead` from down members trusted.
+const PARTITION_GRACE_MS: u64 = 120_000;
+
 /// foca identity: (node id, address, boot generation).
 ///
 /// [`Identity::renew`] bumps `boot`; on an address conflict the higher boot generation wins
@@ -190,7 +197,9 @@ impl MembershipConfig {
     ///   `4 s * log10(n)` = 12.9 s);
     /// * `max_transmissions = ceil(5 * log10(n + 1))` (17 at 1,667), so the chance that some
     ///   member never hears a down notice is about `n * e^-17`;
-    /// * gossip every 200 ms to 3 members, announce every 30 s to 1, announce to 2 down members
+    /// * gossip every 200 ms to 3 members, announce every 5 s to 1 (membership anti-entropy:
+    ///   the Feed reply repairs identities that rumour mongering missed, e.g. after a partition
+    ///   heals and hundreds of members renew at once), announce to 2 down members
     ///   every 15 s, join retry every 1 s.
     pub fn for_cluster_size(n: usize) -> Self {
         let n = n.max(2) as f64;
@@ -458,6 +467,8 @@ pub struct Membership {
     /// foca is connected: it probes and gossips (between `Active` and `Idle`/`Rejoin`).
     connected: bool,
     defunct: bool,
+    /// Last time (ms) we held a partition's worth of members as down.
+    partition_seen_ms: Option<u64>,
 }
 
 impl std::fmt::Debug for Membership {
@@ -514,6 +525,7 @@ impl Membership {
             join_armed: false,
             connected: false,
             defunct: false,
+            partition_seen_ms: None,
             config,
         })
     }
@@ -564,7 +576,9 @@ impl Membership {
         if header.src.addr != from {
             self.counters.src_addr_mismatch += 1;
         }
-        if header.message == Message::TurnUndead && self.is_untrusted_turn_undead(&header.src) {
+        if header.message == Message::TurnUndead
+            && self.is_untrusted_turn_undead(now_ms, &header.src)
+        {
             self.counters.ignored_turn_undead += 1;
             return;
         }
@@ -671,6 +685,14 @@ impl Membership {
         !self.active.contains_key(node) && self.down.contains_key(node)
     }
 
+    /// The identity of `node` we last saw go down, and when (ms), if it is down now.
+    pub fn down_identity(&self, node: &NodeId) -> Option<(&MemberId, u64)> {
+        if self.active.contains_key(node) {
+            return None;
+        }
+        self.down.get(node).map(|(m, t)| (m, *t))
+    }
+
     /// Counters and gauges for metrics.
     pub fn counters(&self) -> &MembershipCounters {
         &self.counters
@@ -687,8 +709,29 @@ impl Membership {
     }
 
     /// foca trusts `TurnUndead` even from a member it considers down; see the module docs.
-    fn is_untrusted_turn_undead(&self, src: &MemberId) -> bool {
-        self.foca.num_members() > 0 && !self.foca.iter_members().any(|m| m.id() == src)
+    ///
+    /// The guard protects healthy members from one member that was isolated alone: it considers
+    /// everyone down, and would otherwise make every healthy member renew. It must not hold
+    /// when *we* hold a large part of the cluster as down (a 50/50 partition healing): then
+    /// both sides ignore each other for ever. Past `PARTITION_DOWN_FRACTION` of the known
+    /// members down, a `TurnUndead` from a down member is trusted and we renew; the other side
+    /// does the same, and both halves re-merge with new boot generations.
+    ///
+    /// The partition verdict is sticky for `PARTITION_GRACE_MS`: while the halves re-merge,
+    /// the fraction of down members falls below the threshold long before every member has
+    /// renewed, and a member that stopped trusting too early would stay down for the other
+    /// half for ever.
+    fn is_untrusted_turn_undead(&mut self, now_ms: u64, src: &MemberId) -> bool {
+        let known = self.active.len() + self.down.len();
+        if self.down.len() * PARTITION_DOWN_DIVISOR >= known.max(1) {
+            self.partition_seen_ms = Some(now_ms);
+        }
+        let partitioned = self
+            .partition_seen_ms
+            .is_some_and(|t| now_ms.saturating_sub(t) <= PARTITION_GRACE_MS);
+        self.foca.num_members() > 0
+            && !partitioned
+            && !self.foca.iter_members().any(|m| m.id() == src)
     }
 
     fn announce_to_seeds(&mut self) {
@@ -799,6 +842,25 @@ impl Membership {
         let _ = self
             .foca
             .apply_many(view.into_iter(), false, &mut self.runtime);
+        // Remember who we held as down, without spreading it: foca's periodic announce to down
+        // members then keeps knocking on the other half of a healed partition, which is how both
+        // halves learn each other's renewed identities (a fresh instance that forgot them
+        // would never talk across again).
+        // Only a member that still sees a real part of the cluster (one side of a split: at
+        // least half as many active as down) does this; a member that was isolated alone, or
+        // nearly alone, sees almost everyone as down, and carrying that would make it tell
+        // every healthy member "you are down" once they accept its renewed identity.
+        let downs: Vec<Member<MemberId>> = if self.active.len() * 2 < self.down.len() {
+            Vec::new()
+        } else {
+            self.down
+                .values()
+                .map(|(m, _)| Member::down(m.clone()))
+                .collect()
+        };
+        let _ = self
+            .foca
+            .apply_many(downs.into_iter(), false, &mut self.runtime);
         let _ = self.foca.gossip(&mut self.runtime);
         self.announce_to_seeds();
     }

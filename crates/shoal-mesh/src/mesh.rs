@@ -1155,13 +1155,11 @@ impl<V: Verifier> Mesh<V> {
             // Pending sets that differ mean each side may have accounted for revisions the
             // other has not (superseded ones included): exchange them too.
             let pending_differ = their_p != mine.pending_hash;
-            if mine.contiguous > their_c
+            let ahead = mine.contiguous > their_c
                 || mine.max_seen > their_max
-                || (pending_differ && mine.pending_hash != 0)
-            {
-                if !self.add_lifecycle_delta(&mut delta, &mine.region, their_c, from) {
-                    return;
-                }
+                || (pending_differ && mine.pending_hash != 0);
+            if ahead && !self.add_lifecycle_delta(&mut delta, &mine.region, their_c, from) {
+                return;
             }
             if their_c > mine.contiguous
                 || their_max > mine.max_seen

@@ -1074,8 +1074,7 @@ impl ShoalHarness {
     /// At the end: do all live agents of each region hold the same routable set per service?
     fn routable_sets_agree(&self, world: &World<ShoalNode>) -> (bool, String) {
         for r in 0..self.region_names.len() as u16 {
-            let mut reference: Option<(u32, BTreeMap<&ServiceKey, Vec<(InstanceId, Generation)>>)> =
-                None;
+            let mut reference: Option<(u32, RoutableSets<'_>)> = None;
             for i in world.topology().region_nodes(r) {
                 let Some(n) = world.node(i) else { continue };
                 let live = n.mesh().liveness();
@@ -1103,6 +1102,33 @@ impl ShoalHarness {
                                 .find(|(k, v)| sets.get(*k) != Some(*v))
                                 .map(|(k, _)| k.to_string())
                                 .unwrap_or_default();
+                            if std::env::var_os("SHOAL_SIM_DEBUG").is_some() {
+                                let k = refs
+                                    .keys()
+                                    .find(|k| sets.get(*k) != refs.get(*k))
+                                    .expect("differs");
+                                eprintln!("n{j}: {:?}\nn{i}: {:?}", refs[k], sets[k]);
+                                for n in [*j, i] {
+                                    let m = world.node(n).expect("alive").mesh();
+                                    eprintln!(
+                                        "n{n} heads {:?} gaps {:?}",
+                                        m.catalog().heads().regions,
+                                        m.catalog().gaps()
+                                    );
+                                    for (_, inst, e) in
+                                        m.catalog().entries().filter(|(key, _, _)| *key == *k)
+                                    {
+                                        eprintln!(
+                                            "  {inst} gen {} rev {} {:?} owner {} down {}",
+                                            e.lifecycle().record.generation,
+                                            e.lifecycle().record.revision,
+                                            e.lifecycle().record.state,
+                                            e.lifecycle().record.owner,
+                                            m.membership().is_down(&e.lifecycle().record.owner)
+                                        );
+                                    }
+                                }
+                            }
                             return (false, format!("agents n{j} and n{i} disagree on {svc}"));
                         }
                     }
@@ -1115,6 +1141,9 @@ impl ShoalHarness {
         )
     }
 }
+
+/// Per service key, the routable (instance, generation) pairs one agent sees.
+type RoutableSets<'a> = BTreeMap<&'a ServiceKey, Vec<(InstanceId, Generation)>>;
 
 fn node_id(i: u32) -> NodeId {
     NodeId::new(format!("n{i}")).expect("valid node id")
@@ -1415,6 +1444,21 @@ impl Harness for ShoalHarness {
             .distributions
             .insert("convergence_after_settle_ms".into(), dist_of(&mut conv));
         let (agree, agree_detail) = self.routable_sets_agree(world);
+        if std::env::var_os("SHOAL_SIM_DEBUG").is_some() {
+            for (i, n) in world.nodes() {
+                let Some(n) = n else { continue };
+                for (x, m) in world.nodes() {
+                    let Some(m) = m else { continue };
+                    let id = m.mesh().membership().identity();
+                    if let Some((d, t)) = n.mesh().membership().down_identity(&id.node) {
+                        eprintln!(
+                            "n{i} holds n{x} (now boot {}) down as boot {} since {t}",
+                            id.boot.0, d.boot.0
+                        );
+                    }
+                }
+            }
+        }
         // Counters.
         let c = &mut report.counters;
         c.insert("picks".into(), self.picks);
