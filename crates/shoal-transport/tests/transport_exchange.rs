@@ -69,7 +69,9 @@ async fn datagrams_and_streams_flow_both_ways_on_one_connection() {
     );
 }
 
-async fn recv_none(rx: &mut tokio::sync::mpsc::Receiver<shoal_transport::transport::Inbound>) -> bool {
+async fn recv_none(
+    rx: &mut tokio::sync::mpsc::Receiver<shoal_transport::transport::Inbound>,
+) -> bool {
     tokio::time::timeout(transport_support::WAIT, rx.recv())
         .await
         .expect("channel should close")

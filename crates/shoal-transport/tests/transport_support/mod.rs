@@ -5,11 +5,11 @@
 
 use std::time::Duration;
 
+use shoal_proto::{NodeId, Region};
 use shoal_transport::certs::{
     generate_ca, generate_node_cert, CertPair, ExtraSans, Validity, CA_VALIDITY, NODE_VALIDITY,
 };
 use shoal_transport::transport::{Inbound, Transport, TransportConfig};
-use shoal_proto::{NodeId, Region};
 use tokio::sync::mpsc;
 
 /// How long any single expectation may take before the test fails.
