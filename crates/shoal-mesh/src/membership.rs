@@ -62,6 +62,10 @@ const PARTITION_DOWN_DIVISOR: usize = 5;
 /// How long, ms, a partition verdict keeps `TurnUndead` from down members trusted.
 const PARTITION_GRACE_MS: u64 = 120_000;
 
+/// How many times a degraded member postpones declaring one suspect down (each time by one
+/// suspicion window) before it lets foca decide.
+const MAX_DOWN_POSTPONES: u8 = 3;
+
 /// foca identity: (node id, address, boot generation).
 ///
 /// [`Identity::renew`] bumps `boot`; on an address conflict the higher boot generation wins
@@ -417,6 +421,9 @@ pub struct MembershipCounters {
     pub identity_conflicts: u64,
     /// Down nodes forgotten because `max_tracked_down` was reached.
     pub down_evicted: u64,
+    /// Suspect-to-down decisions postponed because this member was degraded (its timers ran
+    /// late): Lifeguard-style local health.
+    pub downs_postponed: u64,
     /// Gauge: members alive in our view.
     pub members_alive: u64,
     /// Gauge: members suspect in our view.
@@ -433,8 +440,17 @@ pub struct MembershipTimer(TimerKind);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum TimerKind {
-    Foca { epoch: u64, timer: Timer<MemberId> },
-    JoinRetry { seq: u64 },
+    Foca {
+        epoch: u64,
+        timer: Timer<MemberId>,
+        /// When it was due (ms), to measure how late we handle it (local health).
+        deadline_ms: u64,
+        /// How many times a suspect-to-down was postponed because we were degraded.
+        postponed: u8,
+    },
+    JoinRetry {
+        seq: u64,
+    },
 }
 
 type Swim = Foca<MemberId, PostcardCodec, ChaCha8Rng, NoCustomBroadcast>;
@@ -469,6 +485,8 @@ pub struct Membership {
     defunct: bool,
     /// Last time (ms) we held a partition's worth of members as down.
     partition_seen_ms: Option<u64>,
+    /// Until when (ms) we consider ourselves degraded (timers handled late).
+    degraded_until_ms: u64,
 }
 
 impl std::fmt::Debug for Membership {
@@ -526,6 +544,7 @@ impl Membership {
             connected: false,
             defunct: false,
             partition_seen_ms: None,
+            degraded_until_ms: 0,
             config,
         })
     }
@@ -592,9 +611,40 @@ impl Membership {
     /// deadline. Stale timers are counted in `stale_timers` and do nothing.
     pub fn handle_timer(&mut self, now_ms: u64, token: MembershipTimer) {
         match token.0 {
-            TimerKind::Foca { epoch, timer } => {
+            TimerKind::Foca {
+                epoch,
+                timer,
+                deadline_ms,
+                postponed,
+            } => {
                 if epoch != self.timer_epoch && foca_token(&timer).is_some() {
                     self.counters.stale_timers += 1;
+                    return;
+                }
+                // Lifeguard-style local health (Dadgar et al., "Lifeguard", DSN 2018): a timer
+                // handled much later than due means this process was stalled (CPU starvation,
+                // GC, swapping). Acks and refutations it has not processed yet may be queued,
+                // so it must not declare anyone down on its own evidence right now.
+                if now_ms.saturating_sub(deadline_ms) > self.config.probe_rtt_ms {
+                    self.degraded_until_ms = now_ms + self.config.suspect_to_down_after_ms;
+                }
+                let degraded = now_ms < self.degraded_until_ms;
+                if degraded
+                    && postponed < MAX_DOWN_POSTPONES
+                    && matches!(timer, Timer::ChangeSuspectToDown { .. })
+                {
+                    self.counters.downs_postponed += 1;
+                    let at = now_ms + self.config.suspect_to_down_after_ms;
+                    self.push_timer(
+                        at,
+                        TimerKind::Foca {
+                            epoch,
+                            timer,
+                            deadline_ms: at,
+                            postponed: postponed + 1,
+                        },
+                    );
+                    self.drain(now_ms);
                     return;
                 }
                 if self.foca.handle_timer(timer, &mut self.runtime).is_err() {
@@ -816,11 +866,14 @@ impl Membership {
                 self.last_foca_token = Some(token);
             }
             let after_ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
+            let deadline_ms = now_ms.saturating_add(after_ms);
             let kind = TimerKind::Foca {
                 epoch: self.timer_epoch,
                 timer,
+                deadline_ms,
+                postponed: 0,
             };
-            self.push_timer(now_ms.saturating_add(after_ms), kind);
+            self.push_timer(deadline_ms, kind);
         }
         for notification in notifications {
             self.on_notification(now_ms, notification);
