@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# A local multi-region shoal cluster: REGIONS x (AUTHORITIES Raft replicas + AGENTS agents), every
+# process on its own 127.0.x.y address, certificates from `shoal certs`, one region signing key
+# per region (`shoal authority keygen`), logs / sockets / data under one run directory.
+#
+#   deploy/local/cluster.sh            start and stay in the foreground; Ctrl-C stops everything
+#   deploy/local/cluster.sh start      start in the background and return once every agent is active
+#   deploy/local/cluster.sh stop       stop a background cluster (SIGTERM, then SIGKILL after 10 s)
+#   deploy/local/cluster.sh status     one line per process
+#
+# Environment: REGIONS (2), AUTHORITIES (3), AGENTS (8), RUN_DIR (/tmp/shoal-cluster),
+# SHOAL (target/release/shoal, or $CARGO_TARGET_DIR/release/shoal), FAST_SWIM=1 (test-speed SWIM
+# timings instead of the defaults), KEEP=1 (reuse an existing run dir instead of wiping it).
+#
+# Addressing, region r (1-based): agents 127.0.(20+r).1..AGENTS port 7946 (metrics :9464 on the
+# same IP), authorities 127.0.(20+r).101.. (rpc :7100, raft :7101, mesh :7102). Region names r1, r2, ...
+# Files: $RUN_DIR/<region>/{<node>.toml,<node>.log,<node>.sock,data-<node>/}, $RUN_DIR/pids/,
+# $RUN_DIR/agents.tsv (region node ip socket).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+SHOAL=${SHOAL:-$TARGET/release/shoal}
+REGIONS=${REGIONS:-2}
+AUTHORITIES=${AUTHORITIES:-3}
+AGENTS=${AGENTS:-8}
+RUN_DIR=${RUN_DIR:-/tmp/shoal-cluster}
+MODE=${1:-foreground}
+
+stop_all() {
+  local pids=()
+  for p in "$RUN_DIR"/pids/*.pid; do
+    [[ -f $p ]] || continue
+    pids+=("$(cat "$p")")
+  done
+  [[ ${#pids[@]} -gt 0 ]] || return 0
+  kill -TERM "${pids[@]}" 2>/dev/null || true
+  for _ in $(seq 1 100); do
+    local alive=0
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [[ $alive == 0 ]] && break
+    sleep 0.1
+  done
+  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+  rm -f "$RUN_DIR"/pids/*.pid
+  echo "cluster in $RUN_DIR stopped"
+}
+
+case $MODE in
+  stop) stop_all; exit 0 ;;
+  status)
+    for p in "$RUN_DIR"/pids/*.pid; do
+      [[ -f $p ]] || continue
+      n=$(basename "$p" .pid); pid=$(cat "$p")
+      if kill -0 "$pid" 2>/dev/null; then echo "$n $pid up"; else echo "$n $pid DOWN"; fi
+    done
+    exit 0 ;;
+  start|foreground) ;;
+  *) echo "usage: $0 [start|stop|status]" >&2; exit 2 ;;
+esac
+
+[[ -x $SHOAL ]] || { echo "build first: cargo build --release -p shoal-cli (or set SHOAL=...)" >&2; exit 1; }
+if [[ -d $RUN_DIR/pids ]] && ls "$RUN_DIR"/pids/*.pid >/dev/null 2>&1; then
+  echo "a cluster seems to run in $RUN_DIR ($0 stop first)" >&2; exit 1
+fi
+[[ ${KEEP:-0} == 1 ]] || rm -rf "$RUN_DIR"
+mkdir -p "$RUN_DIR/pids"
+: > "$RUN_DIR/agents.tsv"
+
+SWIM=""
+if [[ ${FAST_SWIM:-0} == 1 ]]; then
+  SWIM=$'probe_period_ms = 200\nprobe_rtt_ms = 80\nsuspect_to_down_after_ms = 600\nperiodic_gossip_ms = 100\njoin_retry_ms = 200\nanti_entropy_interval_ms = 500\n'
+fi
+
+spawn() { # name log cmd...
+  local name=$1 log=$2; shift 2
+  "$@" >>"$log" 2>&1 </dev/null &
+  echo $! > "$RUN_DIR/pids/$name.pid"
+}
+
+for r in $(seq 1 "$REGIONS"); do
+  region=r$r; net=127.0.$((20 + r)); D=$RUN_DIR/$region
+  mkdir -p "$D"
+  "$SHOAL" certs ca --region "$region" --out "$D" >/dev/null
+  pub=$("$SHOAL" authority keygen --out "$D/region.key")
+  agent_addrs=(); rpc_addrs=(); mesh_addrs=()
+  for j in $(seq 1 "$AGENTS"); do agent_addrs+=("\"$net.$j:7946\""); done
+  for i in $(seq 1 "$AUTHORITIES"); do
+    rpc_addrs+=("\"$net.$((100 + i)):7100\""); mesh_addrs+=("\"$net.$((100 + i)):7102\"")
+  done
+  members=""
+  for i in $(seq 1 "$AUTHORITIES"); do
+    ip=$net.$((100 + i))
+    members+=$'[[members]]\n'"id = $i"$'\n'"node = \"$region-auth$i\""$'\n'"raft_addr = \"$ip:7101\""$'\n'"rpc_addr = \"$ip:7100\""$'\n\n'
+  done
+  for i in $(seq 1 "$AUTHORITIES"); do
+    name=$region-auth$i; ip=$net.$((100 + i))
+    "$SHOAL" certs node --node-id "$name" --region "$region" --out "$D" >/dev/null
+    cat > "$D/$name.toml" <<CONF
+id = $i
+region = "$region"
+data_dir = "$D/data-$name"
+ca = "$D/$region-ca.pem"
+cert = "$D/$region-node-$name.pem"
+key = "$D/$region-node-$name-key.pem"
+signing_key = "$D/region.key"
+mesh_addr = "$ip:7102"
+mesh_seeds = [$(IFS=,; echo "${agent_addrs[*]}")]
+
+[mesh]
+cluster_size = $((AGENTS + AUTHORITIES))
+$SWIM
+$members
+CONF
+    spawn "$name" "$D/$name.log" env RUST_LOG=info,openraft=warn "$SHOAL" authority run --config "$D/$name.toml"
+  done
+  for j in $(seq 1 "$AGENTS"); do
+    name=$region-a$j; ip=$net.$j
+    "$SHOAL" certs node --node-id "$name" --region "$region" --out "$D" >/dev/null
+    seeds=$( (for s in "${agent_addrs[@]}" "${mesh_addrs[@]}"; do [[ $s == "\"$ip:7946\"" ]] || echo "$s"; done) | paste -sd, -)
+    cat > "$D/$name.toml" <<CONF
+node_id = "$name"
+region = "$region"
+zone = "$region-z$(( (j - 1) % 2 + 1 ))"
+data_dir = "$D/data-$name"
+listen = "$ip:7946"
+socket = "$D/$name.sock"
+metrics = "$ip:9464"
+seeds = [$seeds]
+cluster_size = $((AGENTS + AUTHORITIES))
+
+[tls]
+ca = "$D/$region-ca.pem"
+cert = "$D/$region-node-$name.pem"
+key = "$D/$region-node-$name-key.pem"
+
+[trust]
+authority_keys = ["$pub"]
+
+[authority]
+addresses = [$(IFS=,; echo "${rpc_addrs[*]}")]
+
+[membership]
+$SWIM
+CONF
+    spawn "$name" "$D/$name.log" env SHOAL_LOG=info "$SHOAL" agent --config "$D/$name.toml"
+    printf '%s\t%s\t%s\t%s\n' "$region" "$name" "$ip" "$D/$name.sock" >> "$RUN_DIR/agents.tsv"
+  done
+done
+
+if [[ $MODE == foreground ]]; then
+  trap 'echo; stop_all; exit 0' INT TERM
+fi
+
+# Wait (bounded) until every agent answers and is active.
+deadline=$((SECONDS + ${START_TIMEOUT_S:-90}))
+while IFS=$'\t' read -r region name ip sock; do
+  until curl -sf --max-time 2 --unix-socket "$sock" http://agent/v1/agent/self 2>/dev/null | grep -q '"active":true'; do
+    if (( SECONDS > deadline )); then
+      echo "agent $name not active after ${START_TIMEOUT_S:-90}s; see $RUN_DIR/$region/$name.log" >&2
+      [[ $MODE == foreground ]] && stop_all
+      exit 1
+    fi
+    sleep 0.5
+  done
+done < "$RUN_DIR/agents.tsv"
+echo "cluster up: $REGIONS region(s) x ($AUTHORITIES authorities + $AGENTS agents) in $RUN_DIR"
+echo "  sockets: $RUN_DIR/<region>/<region>-a<j>.sock   e.g. shoal --socket $RUN_DIR/r1/r1-a1.sock members"
+
+if [[ $MODE == foreground ]]; then
+  echo "Ctrl-C to stop"
+  while true; do sleep 1; done
+fi
