@@ -15,11 +15,12 @@
 //!   same heads and the same membership, and whether all routable sets agree at the end.
 //!
 //! # The authority model
-//! A minimal stand-in for the per-region authority (issue 5 replaces it with the shared
-//! `shoal-authority` rules): it signs transitions with gap-free revisions after `commit_ms`,
-//! refuses writes during configured outage windows (requests are retried with jittered
-//! backoff), and publishes each signed record at the requesting agent and at one more agent of
-//! the region (the authority's own mesh member).
+//! Each region runs the shared `shoal-authority` rules ([`shoal_authority::AuthorityState`], the
+//! same state machine the Raft-replicated authority applies): registration assigns the boot
+//! generation from the log index, transitions are checked against the legal table and signed
+//! with gap-free revisions after `commit_ms`. Writes are refused during configured outage
+//! windows (requests are retried with jittered backoff), and each signed record is published at
+//! the requesting agent and at one more agent of the region (the authority's own mesh member).
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -29,14 +30,15 @@ use std::sync::Arc;
 
 use rand::{Rng, RngExt};
 use serde::Deserialize;
+use shoal_authority::{ApplyContext, AuthorityCommand, AuthorityState, Caller};
 use shoal_catalog::view::{self, Liveness};
 use shoal_catalog::{Catalog, Keyring, Verifier};
 use shoal_mesh::membership::MemberId;
 use shoal_mesh::{Command, MembershipEvent, Mesh, MeshConfig, MeshEvent, MeshTimer};
 use shoal_proto::{
-    EndpointSpec, Generation, HealthStatus, InstanceId, LabelDimension, Labels, LifecycleRecord,
-    LifecycleState, NodeId, Region, Revision, ServiceKey, SignatureBytes, SignatureError,
-    SignedHealth, SignedLifecycle, SigningKey, TransitionReason, TransitionSource, Version, Zone,
+    EndpointSpec, Generation, HealthStatus, InstanceId, LabelDimension, Labels, LifecycleState,
+    NodeId, Region, Revision, ServiceKey, SignatureBytes, SignatureError, SignedHealth,
+    SignedLifecycle, SigningKey, TransitionReason, Version, Zone,
 };
 
 use crate::node::{Channel, NodeCtx, SimNode, Transmit};
@@ -414,11 +416,12 @@ enum Action {
     ProbeFails { idx: usize },
 }
 
+/// One region's authority: the shared `shoal-authority` rules (the same state machine the
+/// replicated authority runs under Raft), a log index standing in for Raft's, and the key.
 struct RegionAuthority {
-    region: Region,
     key: SigningKey,
-    next_revision: u64,
-    generation: u64,
+    state: AuthorityState,
+    log_index: u64,
 }
 
 /// The shoal harness: drives `shoal-mesh` nodes through a scenario and measures it.
@@ -454,6 +457,7 @@ pub struct ShoalHarness {
     last_bad_pick: HashMap<usize, u64>,
     replaced: u64,
     refused_writes: u64,
+    authority_refusals: u64,
     first_boot_ids: Vec<MemberId>,
 }
 
@@ -490,10 +494,9 @@ impl ShoalHarness {
                 let key = SigningKey::from_seed(seed);
                 keyring.trust_authority(r.clone(), key.verifying_key());
                 RegionAuthority {
-                    region: r.clone(),
                     key,
-                    next_revision: 1,
-                    generation: 0,
+                    state: AuthorityState::new(r.clone()),
+                    log_index: 0,
                 }
             })
             .collect();
@@ -560,6 +563,7 @@ impl ShoalHarness {
             last_bad_pick: HashMap::new(),
             replaced: 0,
             refused_writes: 0,
+            authority_refusals: 0,
             first_boot_ids: Vec::new(),
         };
         h.next_sample_ms = h.spec.settle_ms;
@@ -587,14 +591,13 @@ impl ShoalHarness {
                     nodes.start + (self.rng.next_u64() % u64::from(nodes.end - nodes.start)) as u32;
                 let id = InstanceId::new(format!("svc-{s}-{i}")).expect("valid id");
                 let idx = self.add_instance(key.clone(), id, owner, region, topo);
-                let rec = self.sign(
-                    idx,
-                    LifecycleState::Ready,
-                    TransitionReason::ReadinessPassed,
-                    0,
-                );
-                self.instances[idx].state = LifecycleState::Ready;
-                catalogs[region as usize].apply_lifecycle(Arc::new(rec), &self.keys);
+                for (to, reason) in [
+                    (LifecycleState::Starting, TransitionReason::Registered),
+                    (LifecycleState::Ready, TransitionReason::ReadinessPassed),
+                ] {
+                    let rec = self.commit(idx, to, reason, 0).expect("initial admission");
+                    catalogs[region as usize].apply_lifecycle(Arc::new(rec), &self.keys);
+                }
             }
         }
         self.initial = catalogs;
@@ -608,8 +611,6 @@ impl ShoalHarness {
         region: u16,
         topo: &crate::topology::Topology,
     ) -> usize {
-        let a = &mut self.authorities[region as usize];
-        a.generation += 1;
         let zone = self.zone_names[topo.node(owner).zone as usize].clone();
         let n = self.instances.len() as u32;
         let spec = EndpointSpec {
@@ -623,7 +624,8 @@ impl ShoalHarness {
         self.instances.push(Instance {
             key: key.clone(),
             id: id.clone(),
-            generation: Generation(a.generation),
+            // Assigned by the authority at registration (its log index).
+            generation: Generation(0),
             owner,
             region,
             spec,
@@ -637,31 +639,58 @@ impl ShoalHarness {
         idx
     }
 
-    fn sign(
+    /// Runs one write through the region's authority rules, as the leader would after a Raft
+    /// commit. `Starting` registers (a new generation = the log index); anything else is a
+    /// transition of the instance's current generation. On success the instance's ground truth
+    /// follows the signed record; a refusal is counted and changes nothing.
+    fn commit(
         &mut self,
         idx: usize,
         to: LifecycleState,
         reason: TransitionReason,
         now_ms: u64,
-    ) -> SignedLifecycle {
+    ) -> Option<SignedLifecycle> {
         let inst = &self.instances[idx];
+        let caller = Caller::Node(node_id(inst.owner));
+        let cmd = if to == LifecycleState::Starting {
+            AuthorityCommand::Register {
+                caller,
+                key: inst.key.clone(),
+                instance: inst.id.clone(),
+                on_node: None,
+                endpoint: inst.spec.clone(),
+                lease_ms: 300_000,
+            }
+        } else {
+            AuthorityCommand::Transition {
+                caller,
+                key: inst.key.clone(),
+                instance: inst.id.clone(),
+                generation: inst.generation,
+                to,
+                reason,
+            }
+        };
         let a = &mut self.authorities[inst.region as usize];
-        let revision = Revision(a.next_revision);
-        a.next_revision += 1;
-        a.key.sign_lifecycle(LifecycleRecord {
-            key: inst.key.clone(),
-            instance: inst.id.clone(),
-            generation: inst.generation,
-            region: a.region.clone(),
-            revision,
-            owner: node_id(inst.owner),
-            endpoint: inst.spec.clone(),
-            state: to,
-            reason,
-            source: TransitionSource::OwnerAgent,
-            lease_ms: 300_000,
+        a.log_index += 1;
+        let ctx = ApplyContext {
+            log_index: a.log_index,
             committed_at_ms: now_ms,
-        })
+            signing_key: &a.key,
+        };
+        match a.state.apply(cmd, ctx) {
+            Ok(mut records) if records.len() == 1 => {
+                let rec = records.pop().expect("one record");
+                let inst = &mut self.instances[idx];
+                inst.generation = rec.record.generation;
+                inst.state = rec.record.state;
+                Some(rec)
+            }
+            Ok(_) | Err(_) => {
+                self.authority_refusals += 1;
+                None
+            }
+        }
     }
 
     fn at(&mut self, ms: u64, action: Action) {
@@ -830,11 +859,13 @@ impl ShoalHarness {
             return;
         }
         let commit_ms = now_ms + self.spec.commit_ms;
-        let rec = Arc::new(self.sign(idx, to, reason, commit_ms));
+        let Some(rec) = self.commit(idx, to, reason, commit_ms) else {
+            return;
+        };
+        let rec = Arc::new(rec);
         let owner = self.instances[idx].owner;
         let region = self.instances[idx].region;
         let inst = &mut self.instances[idx];
-        inst.state = to;
         match to {
             LifecycleState::Draining | LifecycleState::Expired => {
                 if inst.bad_since.is_none() {
@@ -1481,6 +1512,7 @@ impl Harness for ShoalHarness {
         );
         c.insert("detections_missing".into(), missing_detections);
         c.insert("authority_writes_refused".into(), self.refused_writes);
+        c.insert("authority_refusals".into(), self.authority_refusals);
         c.insert("instances".into(), self.instances.len() as u64);
         let mut totals = BTreeMap::<&str, u64>::new();
         for (_, n) in world.nodes() {
