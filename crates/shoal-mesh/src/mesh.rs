@@ -10,8 +10,9 @@
 //! # Record dissemination (Plumtree, Leitão et al., SRDS 2007)
 //! Records travel on streams, never on SWIM piggyback. Every member keeps an *eager* and a
 //! *lazy* peer set drawn from the SWIM membership. A record new to us is pushed in full to the
-//! eager peers (coalesced for [`MeshConfig::coalesce_ms`], except withdrawals — DRAINING,
-//! EXPIRED, failing health — which are flushed at once); a push that brought nothing new gets a
+//! eager peers (coalesced for [`MeshConfig::coalesce_ms`]; withdrawals — DRAINING, EXPIRED,
+//! failing health — only for [`MeshConfig::urgent_coalesce_ms`]); a push that brought nothing
+//! new gets a
 //! PRUNE back, moving that link to lazy, so the eager links converge to a spanning tree. Lazy
 //! peers get periodic IHAVE announcements of per-origin heads; a member that hears of records
 //! it lacks and does not receive them within [`MeshConfig::graft_timeout_ms`] GRAFTs the
@@ -64,6 +65,8 @@ pub struct MeshConfig {
     /// How long ordinary record changes are coalesced before an eager push. Withdrawals
     /// (DRAINING, EXPIRED, failing health) are never delayed.
     pub coalesce_ms: u64,
+    /// Coalescing window for withdrawals (DRAINING, EXPIRED, failing health), per hop.
+    pub urgent_coalesce_ms: u64,
     /// Period of IHAVE announcements to lazy peers.
     pub ihave_interval_ms: u64,
     /// How long to wait for an announced record before grafting.
@@ -97,6 +100,7 @@ impl MeshConfig {
             lazy_fanout: 6,
             min_eager: 3,
             coalesce_ms: 20,
+            urgent_coalesce_ms: 5,
             ihave_interval_ms: 250,
             graft_timeout_ms: 400,
             anti_entropy_interval_ms: 2_000,
@@ -299,7 +303,10 @@ pub struct Mesh<V: Verifier> {
     lazy: BTreeSet<SocketAddr>,
     outbox: Vec<Outgoing>,
     urgent: bool,
-    flush_armed: bool,
+    /// When the armed flush timer fires, if any.
+    flush_at: Option<u64>,
+    /// A locally published withdrawal waits in the outbox: announce it to lazy peers too.
+    announce_now: bool,
     /// Origins whose heads moved since the last IHAVE tick.
     dirty_regions: BTreeSet<Region>,
     dirty_owners: BTreeSet<NodeId>,
@@ -350,7 +357,8 @@ impl<V: Verifier> Mesh<V> {
             lazy: BTreeSet::new(),
             outbox: Vec::new(),
             urgent: false,
-            flush_armed: false,
+            flush_at: None,
+            announce_now: false,
             dirty_regions: BTreeSet::new(),
             dirty_owners: BTreeSet::new(),
             missing_regions: BTreeMap::new(),
@@ -457,8 +465,10 @@ impl<V: Verifier> Mesh<V> {
         match timer {
             MeshTimer::Membership(t) => self.membership.handle_timer(now_ms, t),
             MeshTimer::Flush => {
-                self.flush_armed = false;
-                self.flush(now_ms);
+                if self.flush_at.is_some_and(|at| at <= now_ms) {
+                    self.flush_at = None;
+                    self.flush(now_ms);
+                }
             }
             MeshTimer::IHave => {
                 self.send_ihave();
@@ -494,7 +504,10 @@ impl<V: Verifier> Mesh<V> {
             Command::Publish { lifecycle } => {
                 for rec in lifecycle {
                     match self.catalog.apply_lifecycle(rec.clone(), &self.verifier) {
-                        MergeOutcome::Applied => self.on_lifecycle_applied(rec, None),
+                        MergeOutcome::Applied => {
+                            self.announce_now |= Self::is_urgent_lifecycle(&rec);
+                            self.on_lifecycle_applied(rec, None);
+                        }
                         MergeOutcome::Duplicate | MergeOutcome::Stale => {}
                         other => self.refuse(Refusal::Publish(other.as_label().to_owned())),
                     }
@@ -644,11 +657,20 @@ impl<V: Verifier> Mesh<V> {
         if up && self.eager.is_empty() {
             self.refill_peers();
         }
-        if self.urgent {
-            self.flush(now_ms);
-        } else if !self.outbox.is_empty() && !self.flush_armed {
-            self.flush_armed = true;
-            self.push_timer(now_ms + self.config.coalesce_ms, MeshTimer::Flush);
+        if !self.outbox.is_empty() {
+            // Withdrawals wait at most `urgent_coalesce_ms` per hop (a few ms), ordinary
+            // changes `coalesce_ms`: batching keeps a 10,000-endpoint rollout from turning into
+            // one stream message per record per link, without ever holding a drain back.
+            let window = if self.urgent {
+                self.config.urgent_coalesce_ms
+            } else {
+                self.config.coalesce_ms
+            };
+            let at = now_ms + window;
+            if self.flush_at.is_none_or(|armed| at < armed) {
+                self.flush_at = Some(at);
+                self.push_timer(at, MeshTimer::Flush);
+            }
         }
         if self.catalog.index() != self.gap_checked_at {
             self.gap_checked_at = self.catalog.index();
@@ -754,13 +776,15 @@ impl<V: Verifier> Mesh<V> {
 
     /// Eager-pushes the outbox to every eager peer (except where a record came from).
     fn flush(&mut self, _now_ms: u64) {
-        let urgent = std::mem::take(&mut self.urgent);
+        self.urgent = false;
         if self.outbox.is_empty() {
             return;
         }
-        if urgent {
-            // Withdrawals are also announced to lazy peers at once, so a member the eager tree
-            // misses grafts after `graft_timeout_ms` instead of waiting for the IHAVE tick.
+        if std::mem::take(&mut self.announce_now) {
+            // A withdrawal published here (by the authority or our own health report) is also
+            // announced to our lazy peers at once, so a member the eager tree misses grafts
+            // after `graft_timeout_ms` instead of waiting for the IHAVE tick. Only the origin
+            // does this: every forwarder doing it would multiply messages by the lazy fan-out.
             self.send_ihave();
         }
         let outbox = std::mem::take(&mut self.outbox);
@@ -1271,7 +1295,10 @@ impl<V: Verifier> Mesh<V> {
             reason,
         }));
         match self.catalog.apply_health(signed.clone(), &self.verifier) {
-            MergeOutcome::Applied => self.on_health_applied(signed, None),
+            MergeOutcome::Applied => {
+                self.announce_now |= signed.record.status == HealthStatus::Failing;
+                self.on_health_applied(signed, None);
+            }
             other => self.refuse(Refusal::Publish(other.as_label().to_owned())),
         }
     }
