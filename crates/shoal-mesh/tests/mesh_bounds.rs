@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use mesh_support::{addr, config, Cluster};
 use shoal_mesh::messages::{AntiEntropy, Graft, Prune, RecordPush, StreamMessage};
+use shoal_mesh::MeshTimer;
 use shoal_mesh::{Channel, Command, MeshEvent};
 use shoal_proto::envelope::{MessageKind, MAGIC, PROTOCOL_VERSION};
 use shoal_proto::LifecycleState::{Draining, Ready};
@@ -195,12 +196,22 @@ fn full_queues_count_overflow_instead_of_growing() {
     assert_eq!(m.peer_sets().0, N - 1);
     let before = m.counters().clone();
 
-    // Ten withdrawals at once: urgent, so pushed to all seven links in this very input.
+    // Ten withdrawals at once: urgent, so pushed to all seven links after the short urgent
+    // coalescing window (one timer), not the ordinary one.
     let records: Vec<_> = (0..10)
         .map(|r| c.record(&format!("d{r}"), 1, Draining))
         .collect();
     let m = &mut c.nodes[0].mesh;
     m.handle_command(now, Command::Publish { lifecycle: records });
+    let mut flush = None;
+    while let Some((at, t)) = m.poll_timer() {
+        if t == MeshTimer::Flush {
+            flush = Some(at);
+        }
+    }
+    let at = flush.expect("a flush is armed");
+    assert!(at <= now + m.config().urgent_coalesce_ms);
+    m.handle_timer(at, MeshTimer::Flush);
 
     let counters = m.counters();
     assert_eq!(counters.outbox_overflow - before.outbox_overflow, 7);

@@ -72,8 +72,13 @@ fn a_draining_record_is_pushed_without_waiting_for_the_coalescing_window() {
         slowest < c.config.coalesce_ms,
         "DRAINING took {slowest} ms, not less than one coalescing window"
     );
-    // Pushed hop by hop with no waiting: a whole number of link latencies.
-    assert!(arrivals.iter().all(|t| t % LATENCY_MS == 0));
+    // Pushed hop by hop, waiting only the short urgent window at each hop: a whole number of
+    // (link latency + urgent window) steps.
+    let hop = LATENCY_MS + c.config.urgent_coalesce_ms;
+    assert!(
+        arrivals.iter().all(|t| t % hop == 0),
+        "arrivals {arrivals:?} are not whole hops of {hop} ms"
+    );
 }
 
 #[test]

@@ -182,8 +182,13 @@ fn failing_health_from_the_owner_reaches_every_node_and_makes_the_endpoint_unhea
         assert_eq!(routable_instances(&c, i), ["k"], "node {i}");
     }
     eprintln!("failing health arrivals {arrivals:?}");
-    // Failing health is a withdrawal: never held back by coalescing.
-    assert!(arrivals.iter().all(|&t| t < c.config.coalesce_ms));
+    // Failing health is a withdrawal: held back only by the short urgent window per hop (a
+    // few hops in a 12-node cluster), never by the ordinary coalescing window per hop.
+    let bound = 4 * (c.config.urgent_coalesce_ms + 2);
+    assert!(
+        arrivals.iter().all(|&t| t <= bound),
+        "arrivals {arrivals:?} over {bound} ms"
+    );
 }
 
 #[test]
