@@ -1,4 +1,4 @@
-//! The driver: one tokio task feeds the sans-IO [`Mesh`] and drains its outputs.
+//! The driver: one tokio task feeds the sans-IO [`Mesh`](shoal_mesh::Mesh) and drains its outputs.
 //!
 //! Inputs, each followed by draining `poll_transmit` / `poll_timer` / `poll_event`:
 //! * transport inbound: datagrams -> `handle_datagram`; stream messages -> `handle_stream_message`,
