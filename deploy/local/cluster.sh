@@ -64,6 +64,9 @@ if [[ -d $RUN_DIR/pids ]] && ls "$RUN_DIR"/pids/*.pid >/dev/null 2>&1; then
 fi
 [[ ${KEEP:-0} == 1 ]] || rm -rf "$RUN_DIR"
 mkdir -p "$RUN_DIR/pids"
+if [[ $MODE == foreground ]]; then
+  trap 'echo; stop_all; exit 0' INT TERM
+fi
 : > "$RUN_DIR/agents.tsv"
 
 SWIM=""
@@ -146,10 +149,6 @@ CONF
     printf '%s\t%s\t%s\t%s\n' "$region" "$name" "$ip" "$D/$name.sock" >> "$RUN_DIR/agents.tsv"
   done
 done
-
-if [[ $MODE == foreground ]]; then
-  trap 'echo; stop_all; exit 0' INT TERM
-fi
 
 # Wait (bounded) until every agent answers and is active.
 deadline=$((SECONDS + ${START_TIMEOUT_S:-90}))

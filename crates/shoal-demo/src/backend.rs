@@ -98,7 +98,8 @@ fn event(path: &Option<PathBuf>, v: Value) {
             .append(true)
             .open(p)
         {
-            let _ = writeln!(f, "{v}");
+            // One write(2) per line: several backends append to the same file.
+            let _ = f.write_all(format!("{v}\n").as_bytes());
         }
     }
 }

@@ -186,7 +186,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         *counts
             .entry(v["outcome"].as_str().unwrap_or("?").to_owned())
             .or_default() += 1;
-        let _ = writeln!(out, "{v}");
+        let _ = out.write_all(format!("{v}\n").as_bytes());
     };
     while Instant::now() < end && signals.try_recv().is_err() {
         if active.load(Ordering::SeqCst) < 256 {
