@@ -1066,34 +1066,40 @@ fn a_revision_reused_for_another_instance_is_a_conflict() {
     assert_eq!(delta.records[0].record.instance.as_str(), "a");
 }
 
-/// Superseded revisions seen only by the sender spread through `also_seen`, so two members that
-/// each missed different revisions both end gap-free (the post-partition case).
+/// A revision the receiver can never get as a record (superseded before it saw it) is
+/// accounted for through the sender's `also_seen`, so the receiver's gap closes (the
+/// post-partition case). Without `also_seen` the gap at 2 would stay open for ever.
 #[test]
-fn also_seen_spreads_knowledge_of_superseded_revisions() {
+fn also_seen_closes_a_gap_of_a_superseded_revision() {
     let fx = Fixture::new();
-    // rev 1: a STARTING, rev 2: a READY, rev 3: b READY.
-    let a1 = Arc::new(fx.lifecycle("a", 1, 1, Starting));
-    let a2 = Arc::new(fx.lifecycle("a", 1, 2, Ready));
-    let b3 = Arc::new(fx.lifecycle("b", 2, 3, Ready));
-    // P saw revs 2 and 3 only: gap at 1 (superseded by 2, never obtainable as a record).
-    let mut p = Catalog::new();
-    p.apply_lifecycle(a2.clone(), &fx.keyring);
-    p.apply_lifecycle(b3.clone(), &fx.keyring);
-    assert!(p.region_gap(&fx.region).is_some());
-    // Q saw 1 and 3, not 2: its contiguous is 1, pending {3}.
+    // rev 1: b READY, rev 2: a STARTING, rev 3: c READY, rev 4: a READY (supersedes 2).
+    let b1 = Arc::new(fx.lifecycle("b", 1, 1, Ready));
+    let a2 = Arc::new(fx.lifecycle("a", 2, 2, Starting));
+    let c3 = Arc::new(fx.lifecycle("c", 3, 3, Ready));
+    let a4 = Arc::new(fx.lifecycle("a", 2, 4, Ready));
+    // Q saw 2 and 4 only; P saw 1 and 3 only.
     let mut q = Catalog::new();
-    q.apply_lifecycle(a1, &fx.keyring);
-    q.apply_lifecycle(b3, &fx.keyring);
-    // Q -> P: records above P's head (0), plus "I saw 3".
-    let d = q.lifecycle_delta(&fx.region, Revision(0), 100).unwrap();
+    q.apply_lifecycle(a2, &fx.keyring);
+    q.apply_lifecycle(a4, &fx.keyring);
+    let mut p = Catalog::new();
+    p.apply_lifecycle(b1, &fx.keyring);
+    p.apply_lifecycle(c3, &fx.keyring);
+    assert_eq!(p.region_head(&fx.region), Revision(1));
+    let d = q.lifecycle_delta(&fx.region, Revision(1), 100).unwrap();
+    assert_eq!(d.records.len(), 1, "only a@4 is still held");
+    assert_eq!(d.also_seen, vec![Revision(2), Revision(4)]);
     p.apply_lifecycle_delta(&d, &fx.keyring);
     assert_eq!(p.region_gap(&fx.region), None);
-    assert_eq!(p.region_head(&fx.region), Revision(3));
-    // P -> Q: now P is complete, its claim closes Q's gap at 2.
-    let d = p
-        .lifecycle_delta(&fx.region, q.region_head(&fx.region), 100)
-        .unwrap();
-    q.apply_lifecycle_delta(&d, &fx.keyring);
-    assert_eq!(q.region_head(&fx.region), Revision(3));
-    assert_eq!(p, q);
+    assert_eq!(p.region_head(&fx.region), Revision(4));
+    // The same delta without its also_seen leaves the gap at 2 open.
+    let mut p2 = Catalog::new();
+    p2.apply_lifecycle(Arc::new(fx.lifecycle("b", 1, 1, Ready)), &fx.keyring);
+    p2.apply_lifecycle(Arc::new(fx.lifecycle("c", 3, 3, Ready)), &fx.keyring);
+    let mut bare = d.clone();
+    bare.also_seen.clear();
+    p2.apply_lifecycle_delta(&bare, &fx.keyring);
+    assert_eq!(
+        p2.region_gap(&fx.region).map(|g| (g.from, g.to)),
+        Some((2, 2))
+    );
 }

@@ -39,7 +39,7 @@ use rand_chacha::ChaCha8Rng;
 use shoal_catalog::snapshot::{self, Snapshot, SnapshotScope};
 use shoal_catalog::view::Liveness;
 use shoal_catalog::{Catalog, DeltaError, MergeOutcome, OwnerHead, RegionHead, Verifier};
-use shoal_proto::envelope::{self, MessageKind, MAX_STREAM_MESSAGE_BYTES};
+use shoal_proto::envelope::{MessageKind, MAX_STREAM_MESSAGE_BYTES};
 use shoal_proto::{
     Generation, HealthRecord, HealthSeq, HealthStatus, InstanceId, LifecycleState, NodeId, Region,
     Revision, ServiceKey, SignedHealth, SignedLifecycle, SigningKey, TransitionReason, Zone,
@@ -47,8 +47,8 @@ use shoal_proto::{
 
 use crate::membership::{MemberId, Membership, MembershipConfig, MembershipEvent, MembershipTimer};
 use crate::messages::{
-    AntiEntropy, DeltaBody, Graft, IHave, Prune, RecordPush, SnapshotRequest, StreamMessage,
-    DIGEST_BUCKETS, MAX_RECORDS_PER_DELTA, MAX_RECORDS_PER_PUSH,
+    AntiEntropy, DeltaBody, Graft, IHave, Prune, RecordPush, StreamMessage, DIGEST_BUCKETS,
+    MAX_RECORDS_PER_DELTA, MAX_RECORDS_PER_PUSH,
 };
 
 /// Tuning of dissemination and anti-entropy. Durations in ms of the driver's monotonic clock.
@@ -1363,12 +1363,5 @@ fn owners_in_buckets(owners: &[OwnerHead], buckets: &[u16]) -> Vec<OwnerHead> {
         .collect()
 }
 
-#[allow(dead_code)]
-fn _assert_kinds_fit() {
-    // stream_in/out arrays are indexed by MessageKind as u8; the largest kind must fit.
-    const _: () = assert!((MessageKind::AuthorityReply as usize) < 12);
-    let _ = envelope::HEADER_BYTES;
-}
-
-#[allow(dead_code)]
-fn _unused(_: SnapshotRequest) {}
+// `stream_in`/`stream_out` are indexed by `MessageKind as usize`; the largest kind must fit.
+const _: () = assert!((MessageKind::AuthorityReply as usize) < 12);

@@ -1215,6 +1215,17 @@ fn draw_count(d: &CountDist, rng: &mut SimRng) -> u32 {
     }
 }
 
+/// A p99 bound that also needs samples and no missing observations.
+fn p99_check(d: &Distribution, max: u64, missing: u64) -> Check {
+    Check {
+        ok: d.count > 0 && d.p99 <= max && missing == 0,
+        detail: format!(
+            "p99 {} ms (limit {max}), {} samples, {missing} missing",
+            d.p99, d.count
+        ),
+    }
+}
+
 fn dist_of(samples: &mut [u64]) -> Distribution {
     Distribution::from_values(samples)
 }
@@ -1559,25 +1570,13 @@ impl Harness for ShoalHarness {
         if let Some(max) = e.drain_p99_ms {
             report.checks.insert(
                 "drain_propagation_p99".into(),
-                Check {
-                    ok: drain.count > 0 && drain.p99 <= max && missing_drains == 0,
-                    detail: format!(
-                        "p99 {} ms (limit {max}), {} samples, {missing_drains} missing",
-                        drain.p99, drain.count
-                    ),
-                },
+                p99_check(&drain, max, missing_drains),
             );
         }
         if let Some(max) = e.detection_p99_ms {
             report.checks.insert(
                 "detection_p99".into(),
-                Check {
-                    ok: detection.count > 0 && detection.p99 <= max && missing_detections == 0,
-                    detail: format!(
-                        "p99 {} ms (limit {max}), {} samples, {missing_detections} missing",
-                        detection.p99, detection.count
-                    ),
-                },
+                p99_check(&detection, max, missing_detections),
             );
         }
         if let Some(max) = e.max_false_downs {
