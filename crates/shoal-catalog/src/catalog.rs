@@ -24,6 +24,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use imbl::OrdMap;
+
 use crdts::LWWReg;
 use serde::{Deserialize, Serialize};
 use shoal_proto::{
@@ -153,7 +155,7 @@ pub struct ServiceEntries {
     /// Catalog index of the last change to this service (for blocking queries).
     pub modify_index: u64,
     /// Instances by id.
-    pub instances: BTreeMap<InstanceId, Entry>,
+    pub instances: OrdMap<InstanceId, Entry>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -161,14 +163,14 @@ struct RegionState {
     head: ChainHead,
     gc_floor: Revision,
     /// Current record of every held entry, by its revision (the record names its key).
-    by_revision: BTreeMap<Revision, Arc<SignedLifecycle>>,
+    by_revision: OrdMap<Revision, Arc<SignedLifecycle>>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct OwnerState {
     head: ChainHead,
     /// Current health record of every held entry of this owner, by (boot, seq).
-    by_seq: BTreeMap<(Generation, HealthSeq), Arc<SignedHealth>>,
+    by_seq: OrdMap<(Generation, HealthSeq), Arc<SignedHealth>>,
 }
 
 /// Head of one region's authority chain, as exchanged in anti-entropy and stored in snapshots.
@@ -284,14 +286,20 @@ pub struct Change {
 }
 
 /// The endpoint catalog of one agent. See the module docs for the merge rules.
+///
+/// Every map is a persistent B-tree ([`imbl::OrdMap`], 16 keys per node): `clone` is O(1) and
+/// shares structure, and a write copies only the path to the changed leaf of a shared tree.
+/// Blocking queries and snapshot writers can therefore take a consistent copy without locking
+/// out merges (the approach of Consul's go-memdb immutable radix trees), and the simulator's
+/// agents, seeded from one catalog, hold only what they changed since (ADR 0005).
 #[derive(Debug, Clone)]
 pub struct Catalog {
-    services: BTreeMap<ServiceKey, ServiceEntries>,
-    regions: BTreeMap<Region, RegionState>,
-    owners: BTreeMap<NodeId, OwnerState>,
+    services: OrdMap<ServiceKey, ServiceEntries>,
+    regions: OrdMap<Region, RegionState>,
+    owners: OrdMap<NodeId, OwnerState>,
     /// Verified health records that arrived before their lifecycle record (highest marker per
     /// key kept), so the outcome does not depend on delivery order. Bounded.
-    early_health: BTreeMap<(ServiceKey, InstanceId), Arc<SignedHealth>>,
+    early_health: OrdMap<(ServiceKey, InstanceId), Arc<SignedHealth>>,
     entries: usize,
     max_entries: usize,
     index: u64,
@@ -329,10 +337,10 @@ impl Catalog {
     /// An empty catalog holding at most `max_entries` instances.
     pub fn with_max_entries(max_entries: usize) -> Self {
         Self {
-            services: BTreeMap::new(),
-            regions: BTreeMap::new(),
-            owners: BTreeMap::new(),
-            early_health: BTreeMap::new(),
+            services: OrdMap::new(),
+            regions: OrdMap::new(),
+            owners: OrdMap::new(),
+            early_health: OrdMap::new(),
             entries: 0,
             max_entries,
             index: 0,
