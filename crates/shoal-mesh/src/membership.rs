@@ -732,7 +732,13 @@ impl Membership {
     /// `true` when `node` was an active member and currently is not (declared down, left, or its
     /// identity is down and no newer one is up). A node never seen is *not* down.
     pub fn is_down(&self, node: &NodeId) -> bool {
-        !self.active.contains_key(node) && self.down.contains_key(node)
+        // The down list is short; most lookups end there.
+        self.down.contains_key(node) && !self.active.contains_key(node)
+    }
+
+    /// Nodes down now (as [`Membership::is_down`] answers), in node order.
+    pub fn down_nodes(&self) -> impl Iterator<Item = &NodeId> {
+        self.down.keys().filter(|n| !self.active.contains_key(*n))
     }
 
     /// The identity of `node` we last saw go down, and when (ms), if it is down now.
@@ -743,9 +749,23 @@ impl Membership {
         self.down.get(node).map(|(m, t)| (m, *t))
     }
 
-    /// Counters and gauges for metrics.
-    pub fn counters(&self) -> &MembershipCounters {
-        &self.counters
+    /// Counters and gauges for metrics. The `members_*` and `updates_backlog` gauges are
+    /// computed here, by one pass over the member list (O(members)), not on every input.
+    pub fn counters(&self) -> MembershipCounters {
+        let mut c = self.counters.clone();
+        let (mut alive, mut suspect, mut down) = (0, 0, 0);
+        for member in self.foca.iter_membership_state() {
+            match member.state() {
+                State::Alive => alive += 1,
+                State::Suspect => suspect += 1,
+                State::Down => down += 1,
+            }
+        }
+        c.members_alive = alive;
+        c.members_suspect = suspect;
+        c.members_down = down;
+        c.updates_backlog = self.foca.updates_backlog() as u64;
+        c
     }
 
     /// Our current identity (its `boot` grows on every automatic rejoin).
@@ -838,7 +858,6 @@ impl Membership {
             }
         }
         debug_assert_eq!(self.runtime.backlog(), 0, "runtime not drained");
-        self.refresh_gauges();
     }
 
     fn drain_runtime(&mut self, now_ms: u64) {
@@ -1022,21 +1041,6 @@ impl Membership {
         }
         self.down.insert(id.node.clone(), (id.clone(), now_ms));
         self.push_event(MembershipEvent::Down(id.clone()));
-    }
-
-    fn refresh_gauges(&mut self) {
-        let (mut alive, mut suspect, mut down) = (0, 0, 0);
-        for member in self.foca.iter_membership_state() {
-            match member.state() {
-                State::Alive => alive += 1,
-                State::Suspect => suspect += 1,
-                State::Down => down += 1,
-            }
-        }
-        self.counters.members_alive = alive;
-        self.counters.members_suspect = suspect;
-        self.counters.members_down = down;
-        self.counters.updates_backlog = self.foca.updates_backlog() as u64;
     }
 }
 

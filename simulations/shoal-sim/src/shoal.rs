@@ -55,7 +55,8 @@ pub struct ShoalSpec {
     /// Authority commit latency, ms.
     #[serde(default = "default_commit_ms")]
     pub commit_ms: u64,
-    /// Authority unavailable in these windows (writes refused; agents retry with backoff).
+    /// Authority unavailable in these windows (writes refused; agents retry with backoff);
+    /// each window names one region's authority, or every region's if it names none.
     #[serde(default)]
     pub outages: Vec<Window>,
     /// Startup (STARTING -> READY) time of a new instance, ms.
@@ -97,14 +98,16 @@ fn default_probe_failures() -> u32 {
     2
 }
 
-/// A time window `[from_ms, to_ms)`.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+/// A time window `[from_ms, to_ms)`, optionally of one region.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct Window {
     /// Start, virtual ms.
     pub from_ms: u64,
     /// End, virtual ms.
     pub to_ms: u64,
+    /// Only this region (default: every region).
+    pub region: Option<String>,
 }
 
 /// Pass/fail thresholds for a scenario.
@@ -406,12 +409,12 @@ enum Action {
     },
     /// Register a replacement for instance `idx`.
     Replace { idx: usize },
-    /// Drain `count` random READY instances.
-    DrainRandom { count: u32 },
-    /// Crash `count` random instance processes.
-    CrashProcesses { count: u32 },
-    /// Crash `count` random nodes.
-    CrashNodes { count: u32 },
+    /// Drain `count` random READY instances (of one region if set).
+    DrainRandom { count: u32, region: Option<u16> },
+    /// Crash `count` random instance processes (of one region if set).
+    CrashProcesses { count: u32, region: Option<u16> },
+    /// Crash `count` random nodes (of one region if set).
+    CrashNodes { count: u32, region: Option<u16> },
     /// The owner's probes notice the dead process of `idx`.
     ProbeFails { idx: usize },
 }
@@ -703,7 +706,10 @@ impl ShoalHarness {
             return;
         };
         if let Some(r) = &w.rollout {
-            let mut victims: Vec<usize> = (0..self.instances.len()).collect();
+            let region = self.region_of(r.region.as_deref());
+            let mut victims: Vec<usize> = (0..self.instances.len())
+                .filter(|&i| region.is_none_or(|r| self.instances[i].region == r))
+                .collect();
             shuffle(&mut victims, &mut self.rng);
             victims.truncate(r.replacements as usize);
             let step = r.over_ms / u64::from(r.replacements.max(1));
@@ -712,22 +718,37 @@ impl ShoalHarness {
             }
         }
         for d in &w.drains {
-            self.at(d.at_ms, Action::DrainRandom { count: d.instances });
+            let region = self.region_of(d.region.as_deref());
+            let count = d.instances;
+            self.at(d.at_ms, Action::DrainRandom { count, region });
         }
         for c in &w.crashes {
+            let (count, region) = (c.count, self.region_of(c.region.as_deref()));
             let a = match c.kind {
-                CrashKind::Process => Action::CrashProcesses { count: c.count },
-                CrashKind::Node => Action::CrashNodes { count: c.count },
+                CrashKind::Process => Action::CrashProcesses { count, region },
+                CrashKind::Node => Action::CrashNodes { count, region },
             };
             self.at(c.at_ms, a);
         }
     }
 
-    fn in_outage(&self, now_ms: u64) -> Option<u64> {
+    /// The index of a region named in the scenario (validated there), `None` for "any".
+    fn region_of(&self, name: Option<&str>) -> Option<u16> {
+        let name = name?;
+        let i = self.region_names.iter().position(|r| r.as_str() == name);
+        Some(i.expect("region names are validated with the scenario") as u16)
+    }
+
+    /// If `region`'s authority is down at `now_ms`, when it comes back.
+    fn in_outage(&self, region: u16, now_ms: u64) -> Option<u64> {
+        let name = self.region_names[region as usize].as_str();
         self.spec
             .outages
             .iter()
-            .find(|w| (w.from_ms..w.to_ms).contains(&now_ms))
+            .find(|w| {
+                (w.from_ms..w.to_ms).contains(&now_ms)
+                    && w.region.as_deref().is_none_or(|r| r == name)
+            })
             .map(|w| w.to_ms)
     }
 
@@ -755,11 +776,12 @@ impl ShoalHarness {
                 }
             }
             Action::Replace { idx } => self.replace(world, now_ms, idx),
-            Action::DrainRandom { count } => {
+            Action::DrainRandom { count, region } => {
                 let mut ready: Vec<usize> = (0..self.instances.len())
                     .filter(|&i| {
                         let inst = &self.instances[i];
-                        inst.state == LifecycleState::Ready
+                        region.is_none_or(|r| inst.region == r)
+                            && inst.state == LifecycleState::Ready
                             && inst.process_alive
                             && world.is_alive(inst.owner)
                     })
@@ -777,11 +799,12 @@ impl ShoalHarness {
                     );
                 }
             }
-            Action::CrashProcesses { count } => {
+            Action::CrashProcesses { count, region } => {
                 let mut live: Vec<usize> = (0..self.instances.len())
                     .filter(|&i| {
                         let inst = &self.instances[i];
-                        inst.state == LifecycleState::Ready
+                        region.is_none_or(|r| inst.region == r)
+                            && inst.state == LifecycleState::Ready
                             && inst.process_alive
                             && world.is_alive(inst.owner)
                     })
@@ -791,9 +814,12 @@ impl ShoalHarness {
                     self.crash_process(now_ms, idx);
                 }
             }
-            Action::CrashNodes { count } => {
+            Action::CrashNodes { count, region } => {
+                let topo = world.topology();
                 let mut live: Vec<u32> = (0..world.len() as u32)
-                    .filter(|&i| world.is_alive(i))
+                    .filter(|&i| {
+                        world.is_alive(i) && region.is_none_or(|r| topo.node(i).region == r)
+                    })
                     .collect();
                 shuffle(&mut live, &mut self.rng);
                 for node in live.into_iter().take(count as usize) {
@@ -842,7 +868,7 @@ impl ShoalHarness {
         if !world.is_alive(inst.owner) || inst.state == LifecycleState::Expired {
             return;
         }
-        if let Some(until) = self.in_outage(now_ms) {
+        if let Some(until) = self.in_outage(inst.region, now_ms) {
             // No quorum: refused; the agent retries with exponential backoff and full jitter.
             self.refused_writes += 1;
             let cap = 1_000u64 << attempt.min(5);
@@ -1087,6 +1113,30 @@ impl ShoalHarness {
     }
 
     fn sample_convergence(&mut self, world: &World<ShoalNode>, now_ms: u64) {
+        if std::env::var_os("DBG2").is_some() && now_ms % 5000 == 0 {
+            let mut line = format!("t={now_ms}");
+            for r in 0..self.region_names.len() as u16 {
+                let nodes = world.topology().region_nodes(r);
+                let live = nodes.clone().filter(|&i| world.is_alive(i)).count();
+                let mut full = 0;
+                let mut hist = BTreeMap::<usize, usize>::new();
+                for i in nodes { if let Some(n) = world.node(i) { let m = n.mesh().membership().num_members(); if m + 1 == live { full += 1; } *hist.entry((live - 1 - m.min(live-1)) / 10).or_default() += 1; } }
+                let prints: BTreeSet<u64> = world.topology().region_nodes(r).filter_map(|i| world.node(i).map(|n| Self::fingerprint(n, i))).collect();
+                line += &format!(" | r{r}: {full}/{live} see all; missing/10 hist {hist:?}; {} prints", prints.len());
+            }
+            eprintln!("{line}");
+            let nodes = world.topology().region_nodes(0);
+            let live = nodes.clone().filter(|&i| world.is_alive(i)).count();
+            for i in nodes.clone() {
+                let Some(n) = world.node(i) else { continue };
+                let mem = n.mesh().membership();
+                if mem.num_members() + 1 == live { continue; }
+                let have: BTreeSet<u32> = mem.members().filter_map(|m| node_index(&m.node)).collect();
+                let lack: Vec<u32> = nodes.clone().filter(|&j| j != i && world.is_alive(j) && !have.contains(&j)).collect();
+                let extra: Vec<u32> = have.iter().copied().filter(|&j| !world.is_alive(j)).collect();
+                eprintln!("   n{i} (zone {}, boot {}) has {} lacks {:?} extra {:?}", world.topology().node(i).zone, mem.identity().boot.0, mem.num_members(), &lack[..lack.len().min(10)], extra);
+            }
+        }
         for r in 0..self.region_names.len() as u16 {
             if self.converged_at.contains_key(&r) {
                 continue;
@@ -1103,66 +1153,40 @@ impl ShoalHarness {
     }
 
     /// At the end: do all live agents of each region hold the same routable set per service?
+    /// Compared by digest (one pass per agent); the first disagreement is described in full.
     fn routable_sets_agree(&self, world: &World<ShoalNode>) -> (bool, String) {
         for r in 0..self.region_names.len() as u16 {
-            let mut reference: Option<(u32, RoutableSets<'_>)> = None;
+            let mut reference: Option<(u32, u64)> = None;
+            // Agents whose catalogs share one entry tree and whose down sets are equal have
+            // the same routable sets: compute each such digest once.
+            let mut seen: Vec<(u32, Vec<NodeId>, u64)> = Vec::new();
             for i in world.topology().region_nodes(r) {
                 let Some(n) = world.node(i) else { continue };
-                let live = n.mesh().liveness();
-                let mut sets = BTreeMap::new();
-                for key in &self.services {
-                    let v: Vec<(InstanceId, Generation)> = n
-                        .mesh()
-                        .catalog()
-                        .routable(key, &live)
-                        .map(|e| {
-                            (
-                                e.lifecycle().record.instance.clone(),
-                                e.lifecycle().record.generation,
-                            )
+                let down: Vec<NodeId> = n.mesh().membership().down_nodes().cloned().collect();
+                let cached = seen.iter().find(|(k, d, _)| {
+                    *d == down
+                        && world.node(*k).is_some_and(|m| {
+                            m.mesh()
+                                .catalog()
+                                .shares_entries_with(n.mesh().catalog())
                         })
-                        .collect();
-                    sets.insert(key, v);
-                }
-                match &reference {
-                    None => reference = Some((i, sets)),
-                    Some((j, refs)) => {
-                        if *refs != sets {
-                            let svc = refs
-                                .iter()
-                                .find(|(k, v)| sets.get(*k) != Some(*v))
-                                .map(|(k, _)| k.to_string())
-                                .unwrap_or_default();
-                            if std::env::var_os("SHOAL_SIM_DEBUG").is_some() {
-                                let k = refs
-                                    .keys()
-                                    .find(|k| sets.get(*k) != refs.get(*k))
-                                    .expect("differs");
-                                eprintln!("n{j}: {:?}\nn{i}: {:?}", refs[k], sets[k]);
-                                for n in [*j, i] {
-                                    let m = world.node(n).expect("alive").mesh();
-                                    eprintln!(
-                                        "n{n} heads {:?} gaps {:?}",
-                                        m.catalog().heads().regions,
-                                        m.catalog().gaps()
-                                    );
-                                    for (_, inst, e) in
-                                        m.catalog().entries().filter(|(key, _, _)| *key == *k)
-                                    {
-                                        eprintln!(
-                                            "  {inst} gen {} rev {} {:?} owner {} down {}",
-                                            e.lifecycle().record.generation,
-                                            e.lifecycle().record.revision,
-                                            e.lifecycle().record.state,
-                                            e.lifecycle().record.owner,
-                                            m.membership().is_down(&e.lifecycle().record.owner)
-                                        );
-                                    }
-                                }
-                            }
-                            return (false, format!("agents n{j} and n{i} disagree on {svc}"));
+                });
+                let digest = match cached {
+                    Some((_, _, digest)) => *digest,
+                    None => {
+                        let digest = routable_digest(n);
+                        if seen.len() < 16 {
+                            seen.push((i, down, digest));
                         }
+                        digest
                     }
+                };
+                match reference {
+                    None => reference = Some((i, digest)),
+                    Some((j, d)) if d != digest => {
+                        return (false, Self::describe_disagreement(world, j, i));
+                    }
+                    Some(_) => {}
                 }
             }
         }
@@ -1171,10 +1195,88 @@ impl ShoalHarness {
             "all live agents of every region hold the same routable sets".into(),
         )
     }
+
+    /// Names the first service on which agents `j` and `i` disagree (with `SHOAL_SIM_DEBUG`,
+    /// prints both sets, heads, gaps and the service's entries).
+    fn describe_disagreement(world: &World<ShoalNode>, j: u32, i: u32) -> String {
+        let (a, b) = (
+            routable_sets(world.node(j).expect("alive")),
+            routable_sets(world.node(i).expect("alive")),
+        );
+        let Some(k) = a
+            .keys()
+            .chain(b.keys())
+            .find(|k| a.get(*k) != b.get(*k))
+            .cloned()
+        else {
+            return format!("agents n{j} and n{i} disagree (digest collision?)");
+        };
+        if std::env::var_os("SHOAL_SIM_DEBUG").is_some() {
+            eprintln!("n{j}: {:?}\nn{i}: {:?}", a.get(&k), b.get(&k));
+            for n in [j, i] {
+                let m = world.node(n).expect("alive").mesh();
+                eprintln!(
+                    "n{n} heads {:?} gaps {:?}",
+                    m.catalog().heads().regions,
+                    m.catalog().gaps()
+                );
+                for (_, inst, e) in m.catalog().entries().filter(|(key, _, _)| **key == k) {
+                    eprintln!(
+                        "  {inst} gen {} rev {} {:?} owner {} down {}",
+                        e.lifecycle().record.generation,
+                        e.lifecycle().record.revision,
+                        e.lifecycle().record.state,
+                        e.lifecycle().record.owner,
+                        m.membership().is_down(&e.lifecycle().record.owner)
+                    );
+                }
+            }
+        }
+        format!("agents n{j} and n{i} disagree on {k}")
+    }
 }
 
-/// Per service key, the routable (instance, generation) pairs one agent sees.
-type RoutableSets<'a> = BTreeMap<&'a ServiceKey, Vec<(InstanceId, Generation)>>;
+/// Routable (instance, generation) per service held, services with none left out.
+fn routable_sets(n: &ShoalNode) -> RoutableSets {
+    let live = n.mesh().liveness();
+    let catalog = n.mesh().catalog();
+    catalog
+        .service_keys()
+        .map(|key| {
+            let v: Vec<(InstanceId, Generation)> = catalog
+                .routable(key, &live)
+                .map(|e| {
+                    let rec = &e.lifecycle().record;
+                    (rec.instance.clone(), rec.generation)
+                })
+                .collect();
+            (key.clone(), v)
+        })
+        .filter(|(_, v)| !v.is_empty())
+        .collect()
+}
+
+/// FNV digest of [`routable_sets`], without building it.
+fn routable_digest(n: &ShoalNode) -> u64 {
+    let live = n.mesh().liveness();
+    let catalog = n.mesh().catalog();
+    let mut h = FNV;
+    for key in catalog.service_keys() {
+        let mut any = false;
+        for e in catalog.routable(key, &live) {
+            if !any {
+                h = fnv(h, key.to_string().as_bytes());
+                any = true;
+            }
+            let rec = &e.lifecycle().record;
+            h = fnv(h, rec.instance.as_str().as_bytes());
+            h = fnv(h, &rec.generation.0.to_le_bytes());
+        }
+    }
+    h
+}
+
+type RoutableSets = BTreeMap<ServiceKey, Vec<(InstanceId, Generation)>>;
 
 fn node_id(i: u32) -> NodeId {
     NodeId::new(format!("n{i}")).expect("valid node id")
@@ -1200,6 +1302,19 @@ fn draw_count(d: &CountDist, rng: &mut SimRng) -> u32 {
     match *d {
         CountDist::Fixed { n } => n,
         CountDist::Uniform { min, max } => rng.random_range(min..=max),
+        CountDist::Tiered { ref tiers } => {
+            // Pick the tier by its share (the last one takes rounding leftovers), then the count.
+            let mut u = rng.random::<f64>() * 100.0;
+            let tier = tiers
+                .iter()
+                .find(|t| {
+                    u -= t.pct;
+                    u < 0.0
+                })
+                .or(tiers.last())
+                .expect("validated: at least one tier");
+            rng.random_range(tier.min..=tier.max)
+        }
         CountDist::Zipf { max, exponent } => {
             // Inverse-CDF sampling over 1..=max with weights k^-exponent.
             let total: f64 = (1..=max).map(|k| f64::from(k).powf(-exponent)).sum();
@@ -1409,6 +1524,31 @@ impl Harness for ShoalHarness {
             }
             last_agent.push(worst);
         }
+        if std::env::var_os("DBG2").is_some() {
+            eprintln!("converged_at {:?}", self.converged_at);
+            if let Some(&idx) = self.by_key.get(&("prod/svc-198/http".parse().unwrap(), InstanceId::new("svc-198-26").unwrap())) {
+                let inst = &self.instances[idx];
+                eprintln!("truth svc-198-26: owner n{} alive {} state {:?} bad_since {:?} reported_failing {} owner death {:?}", inst.owner, inst.process_alive, inst.state, inst.bad_since, inst.reported_failing, obs.deaths.get(&inst.owner).map(|d| d.at_ms));
+                let mut by: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+                for i in topo.region_nodes(0) {
+                    let Some(n) = world.node(i) else { continue };
+                    let e = n.mesh().catalog().entries().find(|(k, id, _)| k.to_string() == "prod/svc-198/http" && id.as_str() == "svc-198-26").map(|(_, _, e)| e.health().map(|h| format!("{:?} ob{} seq{}", h.record.status, h.record.owner_boot.0, h.record.seq.0)));
+                    by.entry(format!("{e:?}")).or_default().push(i);
+                }
+                for (k, v) in by { eprintln!("  health {k}: {} agents, e.g. {:?}; restart times {:?}", v.len(), &v[..v.len().min(5)], v.iter().take(5).map(|i| obs.deaths.get(i).map(|d| d.at_ms)).collect::<Vec<_>>()); }
+            }
+            for (n, d) in obs.deaths.iter() {
+                let miss: Vec<u32> = topo.region_nodes(d.region).filter(|&i| alive[i as usize] && obs.boots[i as usize].is_some() && d.seen_ms[i as usize] == u64::MAX).collect();
+                let mut seen: Vec<u64> = topo.region_nodes(d.region).filter(|&i| d.seen_ms[i as usize] != u64::MAX).map(|i| d.seen_ms[i as usize] - d.at_ms).collect();
+                seen.sort();
+                eprintln!("death n{n} zone {} at {} boot {:?}: seen {} (max {:?}) missing {} {:?}", topo.node(*n).zone, d.at_ms, d.boot, seen.len(), seen.last(), miss.len(), &miss[..miss.len().min(12)]);
+            }
+            for t in obs.drains.values().chain(obs.finished_drains.iter()) {
+                let mut z: BTreeMap<u16, u64> = BTreeMap::new();
+                for i in topo.region_nodes(t.region) { if alive[i as usize] && t.seen_ms[i as usize] != u64::MAX { let e = z.entry(topo.node(i).zone).or_default(); *e = (*e).max(t.seen_ms[i as usize] - t.committed_ms); } }
+                eprintln!("drain r{} commit {} per-zone max {:?}", t.region, t.committed_ms, z);
+            }
+        }
         // Detection.
         let mut det_agent = Vec::new();
         let mut det_last = Vec::new();
@@ -1614,5 +1754,45 @@ impl Harness for ShoalHarness {
                 ),
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::RngTree;
+    use crate::scenario::Tier;
+
+    #[test]
+    fn tiered_draws_stay_in_their_tiers_with_their_shares() {
+        let d = CountDist::Tiered {
+            tiers: vec![
+                Tier {
+                    pct: 1.0,
+                    min: 1000,
+                    max: 1500,
+                },
+                Tier {
+                    pct: 99.0,
+                    min: 10,
+                    max: 66,
+                },
+            ],
+        };
+        let mut rng = RngTree::new(1).child(Purpose::Workload, 0);
+        let draws: Vec<u32> = (0..100_000).map(|_| draw_count(&d, &mut rng)).collect();
+        let big = draws.iter().filter(|&&n| n >= 1000).count();
+        assert!(
+            draws
+                .iter()
+                .all(|&n| (10..=66).contains(&n) || (1000..=1500).contains(&n)),
+            "every draw falls in a tier"
+        );
+        assert!(
+            (800..=1200).contains(&big),
+            "{big} of 100,000 in the 1% tier"
+        );
+        let mean = draws.iter().map(|&n| f64::from(n)).sum::<f64>() / draws.len() as f64;
+        assert!((mean - d.mean()).abs() < 2.0, "mean {mean} vs {}", d.mean());
     }
 }
