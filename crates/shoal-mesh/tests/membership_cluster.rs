@@ -588,7 +588,7 @@ fn measure_detection() {
         println!("  false down at {t} by {obs}: {id:?}");
     }
     let sum = |f: &dyn Fn(&shoal_mesh::membership::MembershipCounters) -> u64| -> u64 {
-        c.live().iter().map(|&i| f(c.nodes[i].m.counters())).sum()
+        c.live().iter().map(|&i| f(&c.nodes[i].m.counters())).sum()
     };
     println!(
         "ignored_turn_undead {} timer_errors {} overflow t/ti/e {}/{}/{} identity_conflicts {}",
