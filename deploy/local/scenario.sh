@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The main job on real processes: cluster -> backends -> steady traffic -> rolling replacement
 # (2 at a time) -> drain one -> kill -9 one backend -> kill -9 one agent -> authorities stopped
-# for OUTAGE_S -> restored; then `shoal-demo report` writes report.json + report.md in the run
-# dir and prints the summary (exit status 1 if a check fails).
+# for OUTAGE_S -> restored; then `shoal-demo report` writes report.json, report.md and timeline.svg in the run
+# dir and prints the summary (exit status 1 if a check fails). Throughout, `shoal-demo
+# watch-applied` follows every agent with blocking queries and logs each agent's own
+# `applied_at_ms` of every DRAINING record to applied.jsonl (the report's per-agent apply times).
 #
 #   deploy/local/scenario.sh                  full: 2 regions x (3 authorities + 8 agents), 40 backends
 #   SHORT=1 deploy/local/scenario.sh          CI: 1 region x (3 + 4), 6 backends, short phases
@@ -39,6 +41,7 @@ CLUSTER=$ROOT/deploy/local/cluster.sh
 EV=$RUN_DIR/events.jsonl
 declare -A BPID BNODE BSOCK BADDR
 CLIENT_PIDS=()
+WATCH_PID=
 
 now() { date +%s%3N; }
 event() { printf '{"t_ms":%s,"kind":"%s"%s}\n' "$(now)" "$1" "${2:-}" >> "$EV"; echo "[$(date +%T)] $1 ${2:-}"; }
@@ -46,6 +49,7 @@ phase() { event phase ",\"name\":\"$1\""; }
 
 cleanup() {
   set +e
+  [[ -n $WATCH_PID ]] && kill -TERM "$WATCH_PID" 2>/dev/null
   for p in "${CLIENT_PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
   for i in "${!BPID[@]}"; do kill -INT "${BPID[$i]}" 2>/dev/null; done
   sleep 1
@@ -57,6 +61,10 @@ trap 'exit 130' INT TERM
 "$CLUSTER" start
 mkdir -p "$RUN_DIR/timeline" "$RUN_DIR/backends"
 : > "$EV"
+: > "$RUN_DIR/applied.jsonl"
+"$DEMO" watch-applied --agents "$RUN_DIR/agents.tsv" --service "$SERVICE" --state DRAINING \
+  --out "$RUN_DIR/applied.jsonl" 2>"$RUN_DIR/watch-applied.log" &
+WATCH_PID=$!
 
 agent_field() { # region j field(1=node 2=ip 3=socket)
   local line; line=$(awk -F'\t' -v n="r$1-a$2" '$2==n {print $2"\t"$3"\t"$4}' "$RUN_DIR/agents.tsv")
@@ -164,5 +172,8 @@ phase end
 for p in "${CLIENT_PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
 for p in "${CLIENT_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
 CLIENT_PIDS=()
+kill -TERM "$WATCH_PID" 2>/dev/null || true
+wait "$WATCH_PID" 2>/dev/null || true
+WATCH_PID=
 cat "$RUN_DIR"/client-*.log
 "$DEMO" report --run-dir "$RUN_DIR"

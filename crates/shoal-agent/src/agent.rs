@@ -145,6 +145,7 @@ pub async fn run_until(
         origin: tokio::time::Instant::now(),
         index: index_tx,
         ejections: Mutex::new(Default::default()),
+        apply_times: Mutex::new(Default::default()),
         status: Mutex::new(status),
         driver: driver_tx,
         cfg,

@@ -31,7 +31,7 @@ use shoal_proto::{
 use crate::client::{self, CallError};
 use crate::keys::Jitter;
 use crate::probes::ProbeSet;
-use crate::state::{DriverCmd, Shared, ViewLiveness, MAX_EJECTIONS};
+use crate::state::{ApplyTimes, DriverCmd, Shared, ViewLiveness, MAX_EJECTIONS};
 
 /// Largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -254,8 +254,29 @@ fn labels_json(labels: &Labels) -> Value {
     Value::Object(m)
 }
 
+/// When an endpoint's current lifecycle record was committed and applied here.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecordTimes {
+    /// Authority wall clock at commit (Unix ms), carried in the signed record; informational.
+    pub committed_at_ms: u64,
+    /// This agent's wall clock (Unix ms) when it applied the record; `None` when it did not see
+    /// the record applied (installed from a snapshot) or the apply-time map was full.
+    pub applied_at_ms: Option<u64>,
+}
+
+impl RecordTimes {
+    /// The times of `entry`'s current lifecycle record under `key`.
+    pub fn of(key: &ServiceKey, entry: &shoal_catalog::Entry, times: &ApplyTimes) -> Self {
+        let r = &entry.lifecycle().record;
+        Self {
+            committed_at_ms: r.committed_at_ms,
+            applied_at_ms: times.applied_at_ms(key, &r.instance, r.generation, r.revision),
+        }
+    }
+}
+
 /// JSON of one endpoint (the API's shape, documented in openapi.json).
-pub fn endpoint_json(e: &EndpointView) -> Value {
+pub fn endpoint_json(e: &EndpointView, t: RecordTimes) -> Value {
     json!({
         "instance": e.instance.as_str(),
         "generation": e.generation.0,
@@ -268,6 +289,8 @@ pub fn endpoint_json(e: &EndpointView) -> Value {
         "labels": labels_json(&e.endpoint.labels),
         "state": e.state.as_str(),
         "revision": e.revision.0,
+        "committed_at_ms": t.committed_at_ms,
+        "applied_at_ms": t.applied_at_ms,
         "reason": format!("{:?}", e.reason),
         "source": format!("{:?}", e.source),
         "health": e.health.map(|h| match h { HealthStatus::Passing => "passing", HealthStatus::Failing => "failing" }),
@@ -301,17 +324,33 @@ fn with_index(shared: &Shared, status: StatusCode, body: Value) -> Response {
     r
 }
 
-fn service_view(shared: &Shared, key: &ServiceKey) -> (Vec<EndpointView>, u64, u64) {
+/// One endpoint of a view with its record times.
+type TimedView = (EndpointView, RecordTimes);
+
+fn service_view(shared: &Shared, key: &ServiceKey) -> (Vec<TimedView>, u64, u64) {
     let now = shared.now_ms();
     let mesh = shared.mesh.read().expect("mesh lock");
     let ej = shared.ejections.lock().expect("ejections");
+    let times = shared.apply_times.lock().expect("apply times");
     let liveness = ViewLiveness {
         mesh: mesh.liveness(),
         ejections: &ej,
         now_ms: now,
     };
     let v = mesh.catalog().view(key, &liveness);
-    (v.endpoints, v.modify_index, v.catalog_index)
+    let endpoints = v
+        .endpoints
+        .into_iter()
+        .map(|e| {
+            let t = mesh
+                .catalog()
+                .entry(key, &e.instance)
+                .map(|entry| RecordTimes::of(key, entry, &times))
+                .unwrap_or_default();
+            (e, t)
+        })
+        .collect();
+    (endpoints, v.modify_index, v.catalog_index)
 }
 
 async fn services(State(shared): State<Arc<Shared>>) -> Response {
@@ -378,8 +417,8 @@ async fn endpoints(
     let (eps, modify_index, catalog_index) = service_view(&shared, &key);
     let list: Vec<Value> = eps
         .iter()
-        .filter(|e| q.matches(e))
-        .map(endpoint_json)
+        .filter(|(e, _)| q.matches(e))
+        .map(|(e, t)| endpoint_json(e, *t))
         .collect();
     let mut body = freshness(&shared);
     body.insert("service".into(), json!(key.to_string()));
@@ -401,6 +440,7 @@ async fn pick(
         let now = shared.now_ms();
         let mesh = shared.mesh.read().expect("mesh lock");
         let ej = shared.ejections.lock().expect("ejections");
+        let times = shared.apply_times.lock().expect("apply times");
         let liveness = ViewLiveness {
             mesh: mesh.liveness(),
             ejections: &ej,
@@ -410,14 +450,18 @@ async fn pick(
             .catalog()
             .routable(&key, &liveness)
             .filter(|e| q.matches(&EndpointView::of(e, &liveness)));
-        view::pick(candidates, &shared.cfg.region, &shared.cfg.zone, false, r)
-            .map(|e| EndpointView::of(e, &liveness))
+        view::pick(candidates, &shared.cfg.region, &shared.cfg.zone, false, r).map(|e| {
+            (
+                EndpointView::of(e, &liveness),
+                RecordTimes::of(&key, e, &times),
+            )
+        })
     };
     let mut body = freshness(&shared);
     body.insert("service".into(), json!(key.to_string()));
     match picked {
-        Some(e) => {
-            body.insert("endpoint".into(), endpoint_json(&e));
+        Some((e, t)) => {
+            body.insert("endpoint".into(), endpoint_json(&e, t));
             Ok(with_index(&shared, StatusCode::OK, Value::Object(body)))
         }
         None => {

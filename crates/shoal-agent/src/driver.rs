@@ -308,11 +308,20 @@ impl Driver {
             }
             MeshEvent::LifecycleApplied(rec) => {
                 let r = &rec.record;
-                let lag_ms = SystemTime::now()
+                let wall_ms = SystemTime::now()
                     .duration_since(SystemTime::UNIX_EPOCH)
                     .map(|d| d.as_millis() as u64)
-                    .unwrap_or(0)
-                    .saturating_sub(r.committed_at_ms);
+                    .unwrap_or(0);
+                // Stamped before the index bump, so a woken blocking query sees it.
+                let kept = shared
+                    .apply_times
+                    .lock()
+                    .expect("apply times")
+                    .record(r, wall_ms);
+                if !kept {
+                    counter!("shoal_apply_times_dropped_total").increment(1);
+                }
+                let lag_ms = wall_ms.saturating_sub(r.committed_at_ms);
                 histogram!("shoal_watch_lag_seconds").record(lag_ms as f64 / 1000.0);
                 counter!("shoal_lifecycle_transitions_total", "to" => r.state.as_str())
                     .increment(1);
@@ -361,6 +370,13 @@ impl Driver {
             shared.status.lock().expect("status").last_authority_ms = Some(now);
         }
         crate::metrics::export_counters(&mesh, &tc);
+        {
+            // Every live apply time belongs to a catalog entry: more means stale ones.
+            let mut times = shared.apply_times.lock().expect("apply times");
+            if times.len() > mesh.catalog().len() {
+                times.retain_held(mesh.catalog());
+            }
+        }
         let liveness = mesh.liveness();
         for key in mesh.catalog().service_keys() {
             let ready = mesh.catalog().service(key).map_or(0, |s| {

@@ -10,7 +10,7 @@
 //! | READY count per service | `shoal_ready_endpoints{service}` |
 //! | state flapping | `shoal_lifecycle_transitions_total{to}`, `shoal_health_flaps_total` |
 //! | probe latency | `shoal_probe_duration_seconds{kind}` |
-//! | watch lag | `shoal_watch_lag_seconds` (authority commit -> applied here) |
+//! | watch lag | `shoal_watch_lag_seconds` (authority commit -> applied here; per endpoint: `committed_at_ms` / `applied_at_ms` in the API, `shoal_apply_times_dropped_total` when that map is full) |
 //! | snapshot age | `shoal_snapshot_age_seconds`, `shoal_authority_contact_age_seconds` |
 //! | revision gaps | `shoal_revision_gaps_total` |
 //! | full-snapshot fallbacks | `shoal_full_snapshot_fallbacks_total` |

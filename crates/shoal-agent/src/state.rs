@@ -10,16 +10,21 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::SystemTime;
 
 use shoal_catalog::view::Liveness;
-use shoal_catalog::Keyring;
+use shoal_catalog::{Catalog, Keyring};
 use shoal_mesh::{Command, Mesh};
 use shoal_proto::rpc::{AuthorityError, AuthorityOk, AuthorityRequestBody};
-use shoal_proto::{Generation, InstanceId, NodeId};
+use shoal_proto::{
+    Generation, InstanceId, LifecycleRecord, LifecycleState, NodeId, Revision, ServiceKey,
+};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::config::Validated;
 
 /// Most local ejections held; past it new ejections are refused and counted.
 pub const MAX_EJECTIONS: usize = 65_536;
+/// Most apply times held: at most one per catalog entry, so the catalog's own bound. Past it
+/// new ones are dropped and counted (the API then shows `applied_at_ms: null`).
+pub const MAX_APPLY_TIMES: usize = shoal_catalog::catalog::DEFAULT_MAX_ENTRIES;
 
 /// What the API and the probes ask of the driver task.
 #[derive(Debug)]
@@ -76,6 +81,9 @@ pub struct Shared {
     pub index: watch::Sender<u64>,
     /// Local ejections: (instance, generation) -> until (monotonic ms).
     pub ejections: Mutex<HashMap<(InstanceId, Generation), u64>>,
+    /// When this agent applied each endpoint's current lifecycle record (written by the driver).
+    /// Lock order: after `mesh` and `ejections`.
+    pub apply_times: Mutex<ApplyTimes>,
     /// Freshness.
     pub status: Mutex<Status>,
     /// Commands to the driver.
@@ -162,5 +170,122 @@ impl<L: Liveness> Liveness for ViewLiveness<'_, L> {
         self.ejections
             .get(&(instance.clone(), generation))
             .is_some_and(|until| *until > self.now_ms)
+    }
+}
+
+/// When this agent applied one endpoint's lifecycle record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApplyTime {
+    /// Generation of the applied record.
+    pub generation: Generation,
+    /// Revision of the applied record.
+    pub revision: Revision,
+    /// This agent's wall clock (Unix ms) when the driver saw the record applied.
+    pub applied_at_ms: u64,
+}
+
+/// Apply times of the endpoints' current lifecycle records, keyed by (service, instance).
+///
+/// Why: drain propagation is measured per agent as "authority commit -> this agent applied
+/// it", and the commit time travels in the record but the apply time exists only here. The
+/// sans-IO core never reads a clock, so the driver stamps each `LifecycleApplied` event.
+///
+/// Bounded twice: an entry goes when its endpoint becomes a tombstone (EXPIRED), the driver
+/// drops entries the catalog no longer holds ([`ApplyTimes::retain_held`]), and inserts past
+/// [`MAX_APPLY_TIMES`] are refused. Records installed from a full snapshot (join, boot from
+/// disk) raise no per-record event and have no apply time.
+#[derive(Debug, Default)]
+pub struct ApplyTimes {
+    times: HashMap<(ServiceKey, InstanceId), ApplyTime>,
+}
+
+impl ApplyTimes {
+    /// Records that `rec` was applied at `applied_at_ms` (Unix ms). EXPIRED removes the entry.
+    /// Returns false when the map is full and the time was dropped.
+    pub fn record(&mut self, rec: &LifecycleRecord, applied_at_ms: u64) -> bool {
+        let id = (rec.key.clone(), rec.instance.clone());
+        if rec.state == LifecycleState::Expired {
+            self.times.remove(&id);
+            return true;
+        }
+        if self.times.len() >= MAX_APPLY_TIMES && !self.times.contains_key(&id) {
+            return false;
+        }
+        let t = ApplyTime {
+            generation: rec.generation,
+            revision: rec.revision,
+            applied_at_ms,
+        };
+        self.times.insert(id, t);
+        true
+    }
+
+    /// The apply time of the record `(generation, revision)` of an endpoint; `None` when this
+    /// agent did not see that exact record applied (e.g. it came in a snapshot).
+    pub fn applied_at_ms(
+        &self,
+        key: &ServiceKey,
+        instance: &InstanceId,
+        generation: Generation,
+        revision: Revision,
+    ) -> Option<u64> {
+        let t = self.times.get(&(key.clone(), instance.clone()))?;
+        (t.generation == generation && t.revision == revision).then_some(t.applied_at_ms)
+    }
+
+    /// Drops entries whose endpoint the catalog no longer holds (or holds as a tombstone).
+    pub fn retain_held(&mut self, catalog: &Catalog) {
+        self.times.retain(|(key, instance), _| {
+            catalog
+                .entry(key, instance)
+                .is_some_and(|e| e.lifecycle().record.state != LifecycleState::Expired)
+        });
+    }
+
+    /// Entries held.
+    pub fn len(&self) -> usize {
+        self.times.len()
+    }
+
+    /// True when nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.times.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use shoal_catalog::testkit::Fixture;
+
+    use super::*;
+
+    #[test]
+    fn apply_times_follow_the_current_record_and_leave_with_the_endpoint() {
+        let fx = Fixture::new();
+        let web = InstanceId::new("web-1").unwrap();
+        let ready = fx.lifecycle("web-1", 1, 1, LifecycleState::Ready);
+        let draining = fx.lifecycle("web-1", 1, 2, LifecycleState::Draining);
+        let mut times = ApplyTimes::default();
+        assert!(times.record(&ready.record, 1_000));
+        assert!(times.record(&draining.record, 1_250));
+        // Only the exact record applied has a time; the superseded one has none.
+        let at = |rev| times.applied_at_ms(&fx.key, &web, Generation(1), Revision(rev));
+        assert_eq!((at(2), at(1)), (Some(1_250), None));
+
+        // The catalog holds it: kept. The catalog lost it: dropped.
+        let mut catalog = Catalog::new();
+        catalog.apply_lifecycle(Arc::new(draining), &fx.keyring);
+        times.retain_held(&catalog);
+        assert_eq!(times.len(), 1);
+        times.retain_held(&Catalog::new());
+        assert!(times.is_empty());
+
+        // EXPIRED (a tombstone, out of every view) removes the entry.
+        assert!(times.record(&ready.record, 1_000));
+        let expired = fx.lifecycle("web-1", 1, 3, LifecycleState::Expired);
+        assert!(times.record(&expired.record, 2_000));
+        assert!(times.is_empty());
     }
 }

@@ -5,8 +5,10 @@
 //! socket, one request per connection); tokio is used only to wait for SIGTERM/SIGINT.
 
 mod agent;
+mod applied;
 mod backend;
 mod client;
+mod plot;
 mod report;
 mod watch;
 
@@ -29,8 +31,10 @@ enum Cmd {
     Backend(backend::Args),
     /// Send requests routed by the agent's `pick`; write a JSON-lines timeline.
     Client(client::Args),
-    /// Build the scenario report (JSON + markdown) from a run directory.
+    /// Build the scenario report (JSON + markdown + timeline SVG) from a run directory.
     Report(report::Args),
+    /// Follow every agent's view with blocking queries; log when each applied each record.
+    WatchApplied(applied::Args),
     /// Poll many agents' member lists until a node is gone from all (benchmarks).
     WatchGone(watch::Args),
 }
@@ -41,6 +45,7 @@ fn main() {
         Cmd::Backend(a) => backend::run(a),
         Cmd::Client(a) => client::run(a),
         Cmd::Report(a) => report::run(a),
+        Cmd::WatchApplied(a) => applied::run(a),
         Cmd::WatchGone(a) => watch::run(a),
     };
     if let Err(e) = res {

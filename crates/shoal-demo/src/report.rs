@@ -1,16 +1,21 @@
 //! `shoal-demo report`: joins a run directory's `events.jsonl` (scenario + backends), the
-//! clients' timelines (`timeline/*.jsonl`) and the authorities' `audit.log` files into one
-//! report (`report.json`, `report.md`) and prints the summary.
+//! clients' timelines (`timeline/*.jsonl`), the authorities' `audit.log` files and the agents'
+//! apply times (`applied.jsonl` from `watch-applied`, `agents.tsv`) into one report
+//! (`report.json`, `report.md`, `timeline.svg`) and prints the summary.
 //!
 //! Per event: the authority commit time (`committed_at_ms` of the DRAINING transition in the
-//! audit log; the request time when not found), the last request sent to the old endpoint,
-//! requests later than the SLO, and failed requests by cause.
+//! audit log; the request time when not found), when each agent of the instance's region
+//! applied the DRAINING record (ms after the commit the record carries; p50 and max across
+//! agents), the last request sent to the old endpoint, requests later than the SLO, and failed
+//! requests by cause.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
+
+use crate::plot::{timeline_svg, Marker, MarkerKind, Timeline};
 
 /// `report` arguments.
 #[derive(Debug, clap::Args)]
@@ -59,6 +64,106 @@ fn transition_of(v: &Value) -> Option<(String, String)> {
         }
         _ => None,
     }
+}
+
+/// Nearest-rank percentile of sorted `v` (`p` in 0..=100).
+fn percentile(v: &[u64], p: u64) -> Option<u64> {
+    if v.is_empty() {
+        return None;
+    }
+    let rank = (v.len() as u64 * p).div_ceil(100).max(1) as usize;
+    Some(v[rank.min(v.len()) - 1])
+}
+
+/// Agents of the run from `agents.tsv`: node -> region.
+fn agent_regions(dir: &Path) -> BTreeMap<String, String> {
+    std::fs::read_to_string(dir.join("agents.tsv"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split('\t');
+            let region = f.next()?.to_owned();
+            Some((f.next()?.to_owned(), region))
+        })
+        .collect()
+}
+
+/// One agent's view of one DRAINING record.
+#[derive(Debug, Clone, Copy)]
+struct Applied {
+    committed_at_ms: u64,
+    applied_at_ms: Option<u64>,
+}
+
+/// DRAINING records per instance and agent from `applied.jsonl`; a stamped line wins over an
+/// unstamped one, and the first stamped line wins over later ones.
+fn drain_applies(dir: &Path) -> BTreeMap<String, BTreeMap<String, Applied>> {
+    let mut out: BTreeMap<String, BTreeMap<String, Applied>> = BTreeMap::new();
+    for v in read_lines(&dir.join("applied.jsonl")) {
+        if v["state"] != "DRAINING" {
+            continue;
+        }
+        let (Some(inst), Some(agent)) = (v["instance"].as_str(), v["agent"].as_str()) else {
+            continue;
+        };
+        let a = Applied {
+            committed_at_ms: v["committed_at_ms"].as_u64().unwrap_or(0),
+            applied_at_ms: v["applied_at_ms"].as_u64(),
+        };
+        let per = out.entry(inst.to_owned()).or_default();
+        match per.get(agent) {
+            Some(old) if old.applied_at_ms.is_some() || a.applied_at_ms.is_none() => {}
+            _ => {
+                per.insert(agent.to_owned(), a);
+            }
+        }
+    }
+    out
+}
+
+/// Apply times of one drain event: every agent of the instance's region that showed the
+/// DRAINING record, ms after the commit the record carries, p50 and max across agents.
+fn apply_summary(
+    region: Option<&str>,
+    regions: &BTreeMap<String, String>,
+    applies: Option<&BTreeMap<String, Applied>>,
+    audit_commit_ms: Option<u64>,
+) -> (Value, Vec<u64>) {
+    let empty = BTreeMap::new();
+    let applies = applies.unwrap_or(&empty);
+    let in_region: Vec<&String> = regions
+        .iter()
+        .filter(|(_, r)| Some(r.as_str()) == region)
+        .map(|(n, _)| n)
+        .collect();
+    let mut per_agent = serde_json::Map::new();
+    let mut after = Vec::new();
+    for (agent, a) in applies {
+        let ms = a.applied_at_ms.map(|t| t as i64 - a.committed_at_ms as i64);
+        if let Some(ms) = ms {
+            after.push(ms.max(0) as u64);
+        }
+        per_agent.insert(
+            agent.clone(),
+            json!({"applied_at_ms": a.applied_at_ms, "after_commit_ms": ms}),
+        );
+    }
+    after.sort_unstable();
+    let not_seen: Vec<&&String> = in_region
+        .iter()
+        .filter(|n| !applies.contains_key(n.as_str()))
+        .collect();
+    let record_commit = applies.values().map(|a| a.committed_at_ms).min();
+    let v = json!({
+        "region": region, "agents_in_region": in_region.len(), "agents_holding": applies.len(),
+        "agents_with_apply_time": after.len(), "agents_not_seen": not_seen,
+        "record_committed_at_ms": record_commit,
+        "record_commit_matches_audit": record_commit.zip(audit_commit_ms).map(|(r, a)| r == a),
+        "apply_after_commit_ms_p50": percentile(&after, 50),
+        "apply_after_commit_ms_max": after.last(),
+        "per_agent": per_agent,
+    });
+    (v, after)
 }
 
 fn t(v: &Value) -> u64 {
@@ -112,6 +217,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             ))
         })
         .collect();
+    let regions = agent_regions(dir);
+    let applies = drain_applies(dir);
+    let region_of = |inst: &str| -> Option<String> {
+        let node = owner.get(inst)?;
+        regions
+            .get(node)
+            .cloned()
+            .or_else(|| node.split_once('-').map(|(r, _)| r.to_owned()))
+    };
+    let mut all_after: Vec<u64> = Vec::new();
+    let mut markers = Vec::new();
     let killed: Vec<String> = events
         .iter()
         .filter(|e| e["kind"] == "kill_backend")
@@ -131,6 +247,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     Some(c) => (*c, "audit.log committed_at_ms"),
                     None => (t(e), "drain request time (audit entry not found)"),
                 };
+                markers.push(Marker {
+                    t_ms: commit,
+                    kind: MarkerKind::DrainCommit,
+                });
+                let (apply, after_ms) = apply_summary(
+                    region_of(&inst).as_deref(),
+                    &regions,
+                    applies.get(&inst),
+                    drain_commit.get(&inst).copied(),
+                );
+                all_after.extend(after_ms);
                 let after: Vec<&Value> = reqs
                     .iter()
                     .filter(|r| r["instance"] == inst.as_str() && t(r) >= commit)
@@ -153,7 +280,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     "kind": "drain", "instance": inst, "t_request_ms": t(e), "commit_ms": commit,
                     "commit_source": src, "ack_ms": e["t_ack_ms"], "requests_after_commit": after.len(),
                     "last_request_after_commit_ms": last_ms, "last_request_rel_commit_ms": last_any, "requests_later_than_slo": late,
-                    "failed_after_commit": causes(after.iter().copied()),
+                    "failed_after_commit": causes(after.iter().copied()), "apply": apply,
                 }));
             }
             "kill_backend" => {
@@ -165,6 +292,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 let last = after.iter().map(|r| t(r)).max();
                 let late = after.iter().filter(|r| t(r) > t(e) + a.kill_slo_ms).count() as u64;
                 kill_late += late;
+                markers.push(Marker {
+                    t_ms: t(e),
+                    kind: MarkerKind::KillBackend,
+                });
                 rows.push(json!({
                     "kind": "kill_backend", "instance": inst, "t_ms": t(e),
                     "requests_after_death": after.len(),
@@ -192,6 +323,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 let last = after.iter().map(|r| t(r)).max();
                 let late = after.iter().filter(|r| t(r) > t(e) + a.kill_slo_ms).count() as u64;
                 kill_late += late;
+                markers.push(Marker {
+                    t_ms: t(e),
+                    kind: MarkerKind::KillAgent,
+                });
                 let own_clients = reqs
                     .iter()
                     .filter(|r| r["agent"] == node.as_str() && t(r) >= t(e))
@@ -272,12 +407,31 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         && (mark("authority_stop").is_none() || outage_ok > 0);
     let total = causes(reqs.iter());
     let ok_total = reqs.iter().filter(|r| r["outcome"] == "ok").count();
+    all_after.sort_unstable();
+    let apply_all = json!({
+        "samples": all_after.len(), "p50_ms": percentile(&all_after, 50),
+        "p99_ms": percentile(&all_after, 99), "max_ms": all_after.last(),
+        "source": "applied.jsonl (shoal-demo watch-applied): each agent's applied_at_ms minus the record's committed_at_ms",
+        "scope": "agents of the instance's region only: each region is its own mesh (own CA and authority), other regions never hold the record",
+    });
     let report = json!({
         "requests": reqs.len(), "ok": ok_total, "failed_by_cause": total,
         "drain_slo_ms": a.drain_slo_ms, "kill_slo_ms": a.kill_slo_ms,
         "max_last_request_after_drain_commit_ms": drains_max_ms,
+        "drain_apply_after_commit_ms": apply_all,
         "audit_logs": audits.len(), "events": rows, "phases": phases, "checks": checks, "pass": pass,
+        "timeline_svg": "timeline.svg",
     });
+    let timeline = Timeline {
+        requests: reqs.iter().map(|r| (t(r), r["outcome"] == "ok")).collect(),
+        markers,
+        outage: mark("authority_stop").zip(mark("authority_start")),
+    };
+    timeline_svg(
+        &dir.join("timeline.svg"),
+        "requests per second through pick (all clients)",
+        &timeline,
+    )?;
     std::fs::write(
         dir.join("report.json"),
         serde_json::to_string_pretty(&report)?,
@@ -297,6 +451,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let _ = writeln!(md, "| {k} | {v} |");
     }
     let _ = writeln!(md, "\n**{}**\n", if pass { "PASS" } else { "FAIL" });
+    let _ = writeln!(
+        md,
+        "![requests per second, ok and failed, with DRAINING commits, kills and the authority outage](timeline.svg)\n"
+    );
+    let _ = writeln!(
+        md,
+        "DRAINING applied by the agents of the instance's region, ms after the authority commit \
+         (each agent's own `applied_at_ms` minus the record's `committed_at_ms`), over {} \
+         (agent, event) pairs: p50 {}, p99 {}, max {}. Regions are separate meshes (own CA, own \
+         authority): an instance's record is held only by its region's agents, so only those count.\n",
+        apply_all["samples"], apply_all["p50_ms"], apply_all["p99_ms"], apply_all["max_ms"]
+    );
     let _ = writeln!(md, "## Phases\n\n| phase | requests | ok | failed (not against a killed process) |\n|---|---|---|---|");
     for (k, v) in &phases {
         let _ = writeln!(
@@ -305,7 +471,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             v["requests"], v["ok"], v["failed_not_killed"]
         );
     }
-    let _ = writeln!(md, "\n## Events\n\n| event | subject | commit / death (unix ms) | requests after | last request to it (ms from commit or death; negative = before) | later than SLO | failed by cause |\n|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "\n## Events\n\n| event | subject | commit / death (unix ms) | agents applied / in region | apply p50 / max (ms after commit) | requests after | last request to it (ms from commit or death; negative = before) | later than SLO | failed by cause |\n|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         let (subject, at, n, last, failed) = match r["kind"].as_str() {
             Some("drain") => (
@@ -330,13 +496,29 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 &r["outcomes_after_death"],
             ),
         };
+        let ap = &r["apply"];
+        let (held, spread) = if ap.is_null() {
+            ("-".to_owned(), "-".to_owned())
+        } else {
+            (
+                format!(
+                    "{} / {}",
+                    ap["agents_with_apply_time"], ap["agents_in_region"]
+                ),
+                format!(
+                    "{} / {}",
+                    ap["apply_after_commit_ms_p50"], ap["apply_after_commit_ms_max"]
+                ),
+            )
+        };
         let _ = writeln!(
             md,
-            "| {} | {subject} | {at} | {n} | {last} | {} | {failed} |",
+            "| {} | {subject} | {at} | {held} | {spread} | {n} | {last} | {} | {failed} |",
             r["kind"].as_str().unwrap_or(""),
             r["requests_later_than_slo"]
         );
     }
+    apply_tables(&mut md, &rows, &regions);
     std::fs::write(dir.join("report.md"), &md)?;
     println!("{md}");
     anyhow::ensure!(
@@ -345,4 +527,84 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         dir.join("report.md").display()
     );
     Ok(())
+}
+
+/// Per region, one row per drain event and one column per agent: ms from commit to apply.
+fn apply_tables(md: &mut String, rows: &[Value], regions: &BTreeMap<String, String>) {
+    let mut by_region: BTreeMap<&str, Vec<&String>> = BTreeMap::new();
+    for (node, region) in regions {
+        by_region.entry(region.as_str()).or_default().push(node);
+    }
+    for (region, nodes) in by_region {
+        let drains: Vec<&Value> = rows
+            .iter()
+            .filter(|r| r["kind"] == "drain" && r["apply"]["region"] == region)
+            .collect();
+        if drains.is_empty() {
+            continue;
+        }
+        let _ = writeln!(
+            md,
+            "\n## DRAINING applied per agent, region {region} (ms after commit; - = never shown)\n"
+        );
+        let head: Vec<&str> = nodes.iter().map(|n| n.as_str()).collect();
+        let _ = writeln!(md, "| instance | {} |", head.join(" | "));
+        let _ = writeln!(md, "|---|{}", "---|".repeat(nodes.len()));
+        for r in drains {
+            let cells: Vec<String> = nodes
+                .iter()
+                .map(|n| {
+                    let ms = &r["apply"]["per_agent"][n.as_str()]["after_commit_ms"];
+                    if ms.is_null() {
+                        "-".to_owned()
+                    } else {
+                        ms.to_string()
+                    }
+                })
+                .collect();
+            let inst = r["instance"].as_str().unwrap_or("");
+            let _ = writeln!(md, "| {inst} | {} |", cells.join(" | "));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentile_is_nearest_rank() {
+        let v: Vec<u64> = (1..=10).collect();
+        assert_eq!(percentile(&v, 50), Some(5));
+        assert_eq!(percentile(&v, 99), Some(10));
+        assert_eq!(percentile(&v, 0), Some(1));
+        assert_eq!(percentile(&[], 50), None);
+    }
+
+    #[test]
+    fn apply_summary_counts_only_the_region_and_measures_from_the_record_commit() {
+        let regions: BTreeMap<String, String> = [("r1-a1", "r1"), ("r1-a2", "r1"), ("r2-a1", "r2")]
+            .into_iter()
+            .map(|(n, r)| (n.to_owned(), r.to_owned()))
+            .collect();
+        let applies: BTreeMap<String, Applied> = [("r1-a1", Some(1_010)), ("r1-a2", Some(1_030))]
+            .into_iter()
+            .map(|(n, t)| {
+                let a = Applied {
+                    committed_at_ms: 1_000,
+                    applied_at_ms: t,
+                };
+                (n.to_owned(), a)
+            })
+            .collect();
+        let (v, after) = apply_summary(Some("r1"), &regions, Some(&applies), Some(1_000));
+        assert_eq!(after, vec![10, 30]);
+        assert_eq!(v["agents_in_region"], 2);
+        assert_eq!(v["apply_after_commit_ms_p50"], 10);
+        assert_eq!(v["apply_after_commit_ms_max"], 30);
+        assert_eq!(v["record_commit_matches_audit"], true);
+        assert_eq!(v["per_agent"]["r1-a2"]["after_commit_ms"], 30);
+        let (v, _) = apply_summary(Some("r1"), &regions, None, None);
+        assert_eq!(v["agents_not_seen"], json!(["r1-a1", "r1-a2"]));
+    }
 }
