@@ -2,7 +2,8 @@
 //! [`Harness`] (the node layer), and assembles the [`Report`].
 //!
 //! At equal times, every queued event at `t` is processed before a fault or harness wake-up at
-//! `t` is applied.
+//! `t` is applied, and scenario faults at `t` before the steps of spread faults (`spread_ms`)
+//! due at `t`.
 
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
@@ -224,6 +225,38 @@ impl<H: Harness> FaultCtx<'_, H> {
         }
     }
 
+    /// Resolves the targets of a spread `crash` / `restart` now and splits it into one step
+    /// per target, in random order, the k-th of n at `at_ms + k * spread_ms / n`. Returns the
+    /// steps (each a single-target fault without spread) and every target, in step order.
+    fn spread(&mut self, f: &TimedFault, spread_ms: u64) -> (Vec<TimedFault>, Vec<u32>) {
+        let (FaultAction::Crash(t) | FaultAction::Restart(t)) = &f.action else {
+            unreachable!("validated: spread_ms only on crash and restart");
+        };
+        let mut nodes = self.r(t);
+        for i in (1..nodes.len()).rev() {
+            let j = self.rng.random_range(0..=i);
+            nodes.swap(i, j);
+        }
+        let n = nodes.len() as u64;
+        let steps = nodes
+            .iter()
+            .enumerate()
+            .map(|(k, &node)| {
+                let one = Target::Ids(vec![node]);
+                TimedFault {
+                    at_ms: f.at_ms + k as u64 * spread_ms / n,
+                    kind: f.kind,
+                    action: match f.action {
+                        FaultAction::Crash(_) => FaultAction::Crash(one),
+                        _ => FaultAction::Restart(one),
+                    },
+                    spread_ms: None,
+                }
+            })
+            .collect();
+        (steps, nodes)
+    }
+
     fn each(&mut self, t: &Target, mut f: impl FnMut(&mut World<H::Node>, u32)) -> Vec<u32> {
         let nodes = self.r(t);
         for &i in &nodes {
@@ -267,10 +300,20 @@ pub fn run<H: Harness>(
     let pb = progress_bar(scenario.duration_ms, cfg.progress);
     let mut applied = Vec::new();
     let mut next_fault = 0;
+    // Pending steps of spread faults, by (at_ms, order of creation).
+    let mut steps: BTreeMap<(u64, u64), TimedFault> = BTreeMap::new();
+    let mut step_seq = 0u64;
     let mut logged_steps = 0;
     loop {
         let now = world.now_us();
-        let fault_at = faults.get(next_fault).map(|f| f.at_ms * 1000);
+        let fault_at = [
+            faults.get(next_fault).map(|f| f.at_ms),
+            steps.keys().next().map(|k| k.0),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .map(|ms| ms * 1000);
         let wake_at = harness.next_wakeup_ms().map(|m| (m * 1000).max(now));
         let target = [Some(end_us), fault_at, wake_at, Some(now + chunk_us)]
             .into_iter()
@@ -293,26 +336,48 @@ pub fn run<H: Harness>(
                 );
             }
         }
-        while faults
-            .get(next_fault)
-            .is_some_and(|f| f.at_ms * 1000 <= target)
-        {
-            let f = &faults[next_fault];
-            next_fault += 1;
+        loop {
+            let file_at = faults.get(next_fault).map(|f| f.at_ms);
+            let step_at = steps.keys().next().map(|k| k.0);
+            let due = |at: Option<u64>| at.filter(|&ms| ms * 1000 <= target);
             let mut fc = FaultCtx {
                 world: &mut world,
                 harness,
                 rng: &mut fault_rng,
                 scenario,
             };
-            let targets = fc.apply(f);
-            harness.on_fault(&mut world, f, &targets);
-            applied.push(AppliedFault {
-                at_ms: f.at_ms,
-                action: f.kind,
-                target_count: targets.len() as u64,
-                targets_sample: targets.iter().take(16).copied().collect(),
-            });
+            let file_first = match (due(file_at), due(step_at)) {
+                (None, None) => break,
+                (Some(f), Some(s)) => f <= s,
+                (file, _) => file.is_some(),
+            };
+            if file_first {
+                let f = &faults[next_fault];
+                next_fault += 1;
+                let targets = if let Some(spread_ms) = f.spread_ms {
+                    // Only the steps reach the harness, each at its own time.
+                    let (new, targets) = fc.spread(f, spread_ms);
+                    for step in new {
+                        step_seq += 1;
+                        steps.insert((step.at_ms, step_seq), step);
+                    }
+                    targets
+                } else {
+                    let targets = fc.apply(f);
+                    harness.on_fault(&mut world, f, &targets);
+                    targets
+                };
+                applied.push(AppliedFault {
+                    at_ms: f.at_ms,
+                    action: f.kind,
+                    target_count: targets.len() as u64,
+                    targets_sample: targets.iter().take(16).copied().collect(),
+                });
+            } else {
+                let (_, step) = steps.pop_first().expect("a step is due");
+                let targets = fc.apply(&step);
+                harness.on_fault(&mut world, &step, &targets);
+            }
         }
         if wake_at.is_some_and(|w| w <= target) {
             harness.wake(&mut world);

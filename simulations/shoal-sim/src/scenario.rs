@@ -35,10 +35,28 @@
 //! `restart {nodes}`, `stall {nodes, stall_ms, period_ms, for_ms?}`, `unstall {nodes}`,
 //! `skew {nodes, offset_ms}`, `set_network {loss_pct?, dup_pct?}`.
 //!
+//! `crash` and `restart` also take `spread_ms`: the targets are resolved once, at `at_ms`, put
+//! in a random order (faults RNG), and the k-th of n is hit at `at_ms + k * spread_ms / n`
+//! (a rolling restart of a whole region: `nodes = { region = "us-east" }`, `spread_ms = 60000`).
+//! The report lists such a fault once, at `at_ms`, with all its targets.
+//!
 //! A target is a list of node indices (`[0, 5]`) or a selector table
 //! `{ ids?, region?, zone?, crashed?, random? }`: start from `ids` (or every node), keep those in
 //! `region` / `zone`, keep only crashed ones if `crashed = true`, then pick `random` of them with
 //! the faults RNG. Selectors are resolved when the fault fires.
+//!
+//! The workload (acted on by [`crate::shoal`]) may be confined to one region: `region` on
+//! `[workload.rollout]`, `[[workload.drains]]` and `[[workload.crashes]]` draws their victims
+//! from that region only (default: every region), and `[shoal] outages` entries take a
+//! `region` too (default: every region's authority is down).
+//!
+//! Instances per service (`[workload.services] instances`) follow one of
+//! `{ dist = "fixed", n }`, `{ dist = "uniform", min, max }`, `{ dist = "zipf", max, exponent }`
+//! or `{ dist = "tiered", tiers = [{ pct, min, max }, ...] }`: each service falls in a tier with
+//! probability `pct` percent (the percentages sum to 100), then draws uniformly in that tier's
+//! `[min, max]`. `tiers = [{ pct = 1.0, min = 1000, max = 1500 }, { pct = 99.0, min = 10,
+//! max = 66 }]` gives a few very large services and many small ones, ~50 instances per service
+//! on average.
 
 use std::path::Path;
 
@@ -291,6 +309,8 @@ pub struct FaultSpec {
     pub loss_pct: Option<f64>,
     /// `set_network` duplication, percent.
     pub dup_pct: Option<f64>,
+    /// `crash` / `restart`: hit the targets one by one, evenly over this many ms.
+    pub spread_ms: Option<u64>,
 }
 
 /// `[toy]`: the ping node used until the mesh adapter exists.
@@ -367,6 +387,82 @@ pub enum CountDist {
         /// Skew (> 0).
         exponent: f64,
     },
+    /// A mixture of uniform ranges: a service falls in tier `i` with probability
+    /// `tiers[i].pct` percent, then draws uniformly in its `[min, max]`.
+    Tiered {
+        /// The tiers; their `pct` sum to 100.
+        tiers: Vec<Tier>,
+    },
+}
+
+/// One tier of [`CountDist::Tiered`].
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Tier {
+    /// Share of services in this tier, percent (> 0).
+    pub pct: f64,
+    /// Lower bound (> 0).
+    pub min: u32,
+    /// Upper bound (inclusive).
+    pub max: u32,
+}
+
+impl CountDist {
+    /// Expected value (mean) of one draw.
+    pub fn mean(&self) -> f64 {
+        match self {
+            CountDist::Fixed { n } => f64::from(*n),
+            CountDist::Uniform { min, max } => (f64::from(*min) + f64::from(*max)) / 2.0,
+            CountDist::Zipf { max, exponent } => {
+                let w = |k: u32| f64::from(k).powf(-exponent);
+                let total: f64 = (1..=*max).map(w).sum();
+                // `draw_count` returns `max + 1 - k` for rank k.
+                (1..=*max)
+                    .map(|k| f64::from(max + 1 - k) * w(k))
+                    .sum::<f64>()
+                    / total
+            }
+            CountDist::Tiered { tiers } => tiers
+                .iter()
+                .map(|t| t.pct / 100.0 * (f64::from(t.min) + f64::from(t.max)) / 2.0)
+                .sum(),
+        }
+    }
+
+    /// Problems with the parameters, if any (for [`Scenario::validate`]).
+    fn check(&self) -> Option<String> {
+        match self {
+            CountDist::Fixed { n: 0 } => Some("n must be > 0".into()),
+            CountDist::Uniform { min, max } if *min == 0 || min > max => {
+                Some(format!("need 0 < min ({min}) <= max ({max})"))
+            }
+            CountDist::Zipf { max, exponent }
+                if *max == 0 || !(*exponent > 0.0 && exponent.is_finite()) =>
+            {
+                Some("zipf needs max > 0 and exponent > 0".into())
+            }
+            CountDist::Tiered { tiers } => {
+                if tiers.is_empty() {
+                    return Some("tiered needs at least one tier".into());
+                }
+                for (i, t) in tiers.iter().enumerate() {
+                    if !(t.pct > 0.0 && t.pct.is_finite()) {
+                        return Some(format!("tiers[{i}]: pct must be > 0, got {}", t.pct));
+                    }
+                    if t.min == 0 || t.min > t.max {
+                        return Some(format!(
+                            "tiers[{i}]: need 0 < min ({}) <= max ({})",
+                            t.min, t.max
+                        ));
+                    }
+                }
+                let sum: f64 = tiers.iter().map(|t| t.pct).sum();
+                ((sum - 100.0).abs() > 1e-6)
+                    .then(|| format!("tier percentages must sum to 100, got {sum}"))
+            }
+            _ => None,
+        }
+    }
 }
 
 /// `[workload.rollout]`: `replacements` instance replacements spread over `over_ms`.
@@ -379,6 +475,8 @@ pub struct RolloutSpec {
     pub replacements: u32,
     /// Spread, ms.
     pub over_ms: u64,
+    /// Replace instances of this region only (default: any region).
+    pub region: Option<String>,
 }
 
 /// `[[workload.drains]]`.
@@ -391,6 +489,8 @@ pub struct DrainSpec {
     pub instances: u32,
     /// Restrict to one service index.
     pub service: Option<u32>,
+    /// Drain instances of this region only (default: any region).
+    pub region: Option<String>,
 }
 
 /// What dies in a [`CrashSpec`].
@@ -413,6 +513,8 @@ pub struct CrashSpec {
     pub kind: CrashKind,
     /// How many.
     pub count: u32,
+    /// Kill processes or nodes of this region only (default: any region).
+    pub region: Option<String>,
 }
 
 /// `[traffic]`.
@@ -502,6 +604,9 @@ pub struct TimedFault {
     pub kind: FaultKind,
     /// What to do.
     pub action: FaultAction,
+    /// `crash` / `restart` only: hit the targets one by one over this many ms (see the module
+    /// docs).
+    pub spread_ms: Option<u64>,
 }
 
 impl Scenario {
@@ -559,7 +664,19 @@ impl Scenario {
             errs.push("toy.ping_interval_ms: must be > 0".into());
         }
         if let Some(w) = &self.workload {
-            validate_workload(w, &mut errs);
+            self.validate_workload(w, &mut errs);
+        }
+        if let Some(sh) = &self.shoal {
+            for (i, o) in sh.outages.iter().enumerate() {
+                if o.from_ms >= o.to_ms {
+                    errs.push(format!("shoal.outages[{i}]: need from_ms < to_ms"));
+                }
+                self.check_region(
+                    o.region.as_deref(),
+                    &format!("shoal.outages[{i}]"),
+                    &mut errs,
+                );
+            }
         }
         if let Some(t) = &self.traffic {
             if !(t.picks_per_agent_per_s >= 0.0 && t.picks_per_agent_per_s.is_finite()) {
@@ -682,7 +799,8 @@ impl Scenario {
             K::Stall => &["nodes", "stall_ms", "period_ms", "for_ms"],
             K::Skew => &["nodes", "offset_ms"],
             K::SetNetwork => &["loss_pct", "dup_pct"],
-            K::Isolate | K::Recover | K::Crash | K::Restart | K::Unstall => &["nodes"],
+            K::Crash | K::Restart => &["nodes", "spread_ms"],
+            K::Isolate | K::Recover | K::Unstall => &["nodes"],
         };
         let present = [
             ("nodes", f.nodes.is_some()),
@@ -697,6 +815,7 @@ impl Scenario {
             ("offset_ms", f.offset_ms.is_some()),
             ("loss_pct", f.loss_pct.is_some()),
             ("dup_pct", f.dup_pct.is_some()),
+            ("spread_ms", f.spread_ms.is_some()),
         ];
         if let Some((name, _)) = present
             .iter()
@@ -769,6 +888,14 @@ impl Scenario {
                 f.at_ms, self.duration_ms
             ));
         }
+        if let Some(spread) = f.spread_ms {
+            if spread == 0 || f.at_ms + spread > self.duration_ms {
+                return Err(format!(
+                    "need 0 < spread_ms ({spread}) and at_ms + spread_ms <= duration_ms ({})",
+                    self.duration_ms
+                ));
+            }
+        }
         Ok(a)
     }
 
@@ -788,6 +915,7 @@ impl Scenario {
                     at_ms: f.at_ms,
                     kind: f.action,
                     action,
+                    spread_ms: f.spread_ms,
                 }),
                 Err(e) => errs.push(format!("faults[{i}]: {e}")),
             }
@@ -800,39 +928,42 @@ impl Scenario {
     }
 }
 
-fn validate_workload(w: &WorkloadSpec, errs: &mut Vec<String>) {
-    if let Some(s) = &w.services {
-        if s.count == 0 {
-            errs.push("workload.services.count: must be > 0".into());
-        }
-        match s.instances {
-            CountDist::Fixed { n: 0 } => {
-                errs.push("workload.services.instances: n must be > 0".into())
+impl Scenario {
+    /// `region`, if set, must name a region of the topology.
+    fn check_region(&self, region: Option<&str>, what: &str, errs: &mut Vec<String>) {
+        if let Some(r) = region {
+            if !self.topology.regions.iter().any(|x| x.name == r) {
+                errs.push(format!("{what}: unknown region {r:?}"));
             }
-            CountDist::Uniform { min, max } if min == 0 || min > max => errs.push(format!(
-                "workload.services.instances: need 0 < min ({min}) <= max ({max})"
-            )),
-            CountDist::Zipf { max, exponent }
-                if max == 0 || !(exponent > 0.0 && exponent.is_finite()) =>
-            {
-                errs.push("workload.services.instances: zipf needs max > 0 and exponent > 0".into())
+        }
+    }
+
+    fn validate_workload(&self, w: &WorkloadSpec, errs: &mut Vec<String>) {
+        if let Some(s) = &w.services {
+            if s.count == 0 {
+                errs.push("workload.services.count: must be > 0".into());
             }
-            _ => {}
+            if let Some(e) = s.instances.check() {
+                errs.push(format!("workload.services.instances: {e}"));
+            }
         }
-    }
-    if let Some(r) = &w.rollout {
-        if r.replacements == 0 || r.over_ms == 0 {
-            errs.push("workload.rollout: replacements and over_ms must be > 0".into());
+        if let Some(r) = &w.rollout {
+            if r.replacements == 0 || r.over_ms == 0 {
+                errs.push("workload.rollout: replacements and over_ms must be > 0".into());
+            }
+            self.check_region(r.region.as_deref(), "workload.rollout", errs);
         }
-    }
-    for (i, d) in w.drains.iter().enumerate() {
-        if d.instances == 0 {
-            errs.push(format!("workload.drains[{i}]: instances must be > 0"));
+        for (i, d) in w.drains.iter().enumerate() {
+            if d.instances == 0 {
+                errs.push(format!("workload.drains[{i}]: instances must be > 0"));
+            }
+            self.check_region(d.region.as_deref(), &format!("workload.drains[{i}]"), errs);
         }
-    }
-    for (i, c) in w.crashes.iter().enumerate() {
-        if c.count == 0 {
-            errs.push(format!("workload.crashes[{i}]: count must be > 0"));
+        for (i, c) in w.crashes.iter().enumerate() {
+            if c.count == 0 {
+                errs.push(format!("workload.crashes[{i}]: count must be > 0"));
+            }
+            self.check_region(c.region.as_deref(), &format!("workload.crashes[{i}]"), errs);
         }
     }
 }
@@ -891,5 +1022,79 @@ agents_per_zone = 2
             .unwrap_err()
             .to_string()
             .contains("loss_pct"));
+    }
+
+    #[test]
+    fn tiered_counts_parse_validate_and_have_a_mean() {
+        let ok = format!(
+            "{BASE}\n[workload.services]\ncount = 2000\ninstances = {{ dist = \"tiered\", \
+             tiers = [{{ pct = 1.0, min = 1000, max = 1500 }}, {{ pct = 99.0, min = 10, max = 66 }}] }}\n"
+        );
+        let s = Scenario::parse(&ok).unwrap();
+        let d = &s.workload.unwrap().services.unwrap().instances;
+        // 1% x 1,250 + 99% x 38 = 50.12 per service: ~100k instances for 2,000 services.
+        assert!((d.mean() - 50.12).abs() < 1e-9, "{}", d.mean());
+        let bad = |tiers: &str| {
+            let t = format!(
+                "{BASE}\n[workload.services]\ncount = 1\ninstances = {{ dist = \"tiered\", tiers = {tiers} }}\n"
+            );
+            Scenario::parse(&t).unwrap_err().to_string()
+        };
+        let e = bad("[{ pct = 1.0, min = 1, max = 2 }, { pct = 98.0, min = 1, max = 2 }]");
+        assert!(e.contains("sum to 100, got 99"), "{e}");
+        let e = bad("[{ pct = 100.0, min = 5, max = 2 }]");
+        assert!(e.contains("tiers[0]: need 0 < min (5) <= max (2)"), "{e}");
+        let e = bad("[{ pct = 0.0, min = 1, max = 2 }, { pct = 100.0, min = 1, max = 2 }]");
+        assert!(e.contains("tiers[0]: pct must be > 0"), "{e}");
+        assert!(bad("[]").contains("at least one tier"));
+    }
+
+    #[test]
+    fn workload_and_outages_name_known_regions() {
+        let ok = format!(
+            "{BASE}\n[workload.rollout]\nstart_ms = 0\nreplacements = 1\nover_ms = 10\nregion = \"r\"\n\
+             [[workload.drains]]\nat_ms = 5\ninstances = 1\nregion = \"r\"\n\
+             [[workload.crashes]]\nat_ms = 5\nkind = \"node\"\ncount = 1\nregion = \"r\"\n\
+             [shoal]\nsettle_ms = 500\noutages = [{{ from_ms = 10, to_ms = 20, region = \"r\" }}]\n"
+        );
+        let s = Scenario::parse(&ok).unwrap();
+        assert_eq!(s.shoal.unwrap().outages[0].region.as_deref(), Some("r"));
+        let bad = ok.replace("region = \"r\"", "region = \"x\"");
+        let e = Scenario::parse(&bad).unwrap_err().to_string();
+        for what in [
+            "workload.rollout: unknown region \"x\"",
+            "workload.drains[0]: unknown region \"x\"",
+            "workload.crashes[0]: unknown region \"x\"",
+            "shoal.outages[0]: unknown region \"x\"",
+        ] {
+            assert!(e.contains(what), "{what} in {e}");
+        }
+        let e = Scenario::parse(&ok.replace("to_ms = 20", "to_ms = 10"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("shoal.outages[0]: need from_ms < to_ms"), "{e}");
+    }
+
+    #[test]
+    fn spread_applies_to_crash_and_restart_within_the_run() {
+        let f = |action: &str, at: u64, spread: u64| {
+            format!(
+                "{BASE}\n[[faults]]\nat_ms = {at}\naction = \"{action}\"\n\
+                 nodes = {{ region = \"r\" }}\nspread_ms = {spread}\n"
+            )
+        };
+        let s = Scenario::parse(&f("restart", 100, 900)).unwrap();
+        let t = s.timed_faults().unwrap();
+        assert_eq!(t[0].spread_ms, Some(900));
+        assert!(Scenario::parse(&f("crash", 0, 1000)).is_ok());
+        let e = Scenario::parse(&f("isolate", 0, 10))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("field `spread_ms` does not apply"), "{e}");
+        let e = Scenario::parse(&f("restart", 100, 901))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at_ms + spread_ms <= duration_ms (1000)"), "{e}");
+        assert!(Scenario::parse(&f("crash", 0, 0)).is_err());
     }
 }

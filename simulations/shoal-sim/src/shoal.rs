@@ -1113,30 +1113,6 @@ impl ShoalHarness {
     }
 
     fn sample_convergence(&mut self, world: &World<ShoalNode>, now_ms: u64) {
-        if std::env::var_os("DBG2").is_some() && now_ms % 5000 == 0 {
-            let mut line = format!("t={now_ms}");
-            for r in 0..self.region_names.len() as u16 {
-                let nodes = world.topology().region_nodes(r);
-                let live = nodes.clone().filter(|&i| world.is_alive(i)).count();
-                let mut full = 0;
-                let mut hist = BTreeMap::<usize, usize>::new();
-                for i in nodes { if let Some(n) = world.node(i) { let m = n.mesh().membership().num_members(); if m + 1 == live { full += 1; } *hist.entry((live - 1 - m.min(live-1)) / 10).or_default() += 1; } }
-                let prints: BTreeSet<u64> = world.topology().region_nodes(r).filter_map(|i| world.node(i).map(|n| Self::fingerprint(n, i))).collect();
-                line += &format!(" | r{r}: {full}/{live} see all; missing/10 hist {hist:?}; {} prints", prints.len());
-            }
-            eprintln!("{line}");
-            let nodes = world.topology().region_nodes(0);
-            let live = nodes.clone().filter(|&i| world.is_alive(i)).count();
-            for i in nodes.clone() {
-                let Some(n) = world.node(i) else { continue };
-                let mem = n.mesh().membership();
-                if mem.num_members() + 1 == live { continue; }
-                let have: BTreeSet<u32> = mem.members().filter_map(|m| node_index(&m.node)).collect();
-                let lack: Vec<u32> = nodes.clone().filter(|&j| j != i && world.is_alive(j) && !have.contains(&j)).collect();
-                let extra: Vec<u32> = have.iter().copied().filter(|&j| !world.is_alive(j)).collect();
-                eprintln!("   n{i} (zone {}, boot {}) has {} lacks {:?} extra {:?}", world.topology().node(i).zone, mem.identity().boot.0, mem.num_members(), &lack[..lack.len().min(10)], extra);
-            }
-        }
         for r in 0..self.region_names.len() as u16 {
             if self.converged_at.contains_key(&r) {
                 continue;
@@ -1166,9 +1142,7 @@ impl ShoalHarness {
                 let cached = seen.iter().find(|(k, d, _)| {
                     *d == down
                         && world.node(*k).is_some_and(|m| {
-                            m.mesh()
-                                .catalog()
-                                .shares_entries_with(n.mesh().catalog())
+                            m.mesh().catalog().shares_entries_with(n.mesh().catalog())
                         })
                 });
                 let digest = match cached {
@@ -1523,31 +1497,6 @@ impl Harness for ShoalHarness {
                 worst = worst.max(d);
             }
             last_agent.push(worst);
-        }
-        if std::env::var_os("DBG2").is_some() {
-            eprintln!("converged_at {:?}", self.converged_at);
-            if let Some(&idx) = self.by_key.get(&("prod/svc-198/http".parse().unwrap(), InstanceId::new("svc-198-26").unwrap())) {
-                let inst = &self.instances[idx];
-                eprintln!("truth svc-198-26: owner n{} alive {} state {:?} bad_since {:?} reported_failing {} owner death {:?}", inst.owner, inst.process_alive, inst.state, inst.bad_since, inst.reported_failing, obs.deaths.get(&inst.owner).map(|d| d.at_ms));
-                let mut by: BTreeMap<String, Vec<u32>> = BTreeMap::new();
-                for i in topo.region_nodes(0) {
-                    let Some(n) = world.node(i) else { continue };
-                    let e = n.mesh().catalog().entries().find(|(k, id, _)| k.to_string() == "prod/svc-198/http" && id.as_str() == "svc-198-26").map(|(_, _, e)| e.health().map(|h| format!("{:?} ob{} seq{}", h.record.status, h.record.owner_boot.0, h.record.seq.0)));
-                    by.entry(format!("{e:?}")).or_default().push(i);
-                }
-                for (k, v) in by { eprintln!("  health {k}: {} agents, e.g. {:?}; restart times {:?}", v.len(), &v[..v.len().min(5)], v.iter().take(5).map(|i| obs.deaths.get(i).map(|d| d.at_ms)).collect::<Vec<_>>()); }
-            }
-            for (n, d) in obs.deaths.iter() {
-                let miss: Vec<u32> = topo.region_nodes(d.region).filter(|&i| alive[i as usize] && obs.boots[i as usize].is_some() && d.seen_ms[i as usize] == u64::MAX).collect();
-                let mut seen: Vec<u64> = topo.region_nodes(d.region).filter(|&i| d.seen_ms[i as usize] != u64::MAX).map(|i| d.seen_ms[i as usize] - d.at_ms).collect();
-                seen.sort();
-                eprintln!("death n{n} zone {} at {} boot {:?}: seen {} (max {:?}) missing {} {:?}", topo.node(*n).zone, d.at_ms, d.boot, seen.len(), seen.last(), miss.len(), &miss[..miss.len().min(12)]);
-            }
-            for t in obs.drains.values().chain(obs.finished_drains.iter()) {
-                let mut z: BTreeMap<u16, u64> = BTreeMap::new();
-                for i in topo.region_nodes(t.region) { if alive[i as usize] && t.seen_ms[i as usize] != u64::MAX { let e = z.entry(topo.node(i).zone).or_default(); *e = (*e).max(t.seen_ms[i as usize] - t.committed_ms); } }
-                eprintln!("drain r{} commit {} per-zone max {:?}", t.region, t.committed_ms, z);
-            }
         }
         // Detection.
         let mut det_agent = Vec::new();

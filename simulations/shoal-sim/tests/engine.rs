@@ -5,10 +5,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use shoal_sim::net::{Chance, Latency, NetConfig};
+use shoal_sim::node::NodeCtx;
 use shoal_sim::rng::RngTree;
-use shoal_sim::runner::{run, RunConfig};
-use shoal_sim::scenario::Scenario;
-use shoal_sim::testkit::{PingConfig, PingHarness};
+use shoal_sim::runner::{run, Harness, RunConfig};
+use shoal_sim::scenario::{FaultKind, Scenario, TimedFault};
+use shoal_sim::testkit::{PingConfig, PingHarness, PingNode};
 use shoal_sim::topology::Topology;
 use shoal_sim::{Channel, SimNode, Transmit, World};
 
@@ -389,4 +390,87 @@ fn clock_skew_offsets_local_time() {
     assert!(w.node(0).unwrap().fired.is_empty());
     w.run_until(10_500_000);
     assert_eq!(w.node(0).unwrap().fired, vec![(7_500, 5)]);
+}
+
+/// The ping harness, recording every fault the runner hands it.
+struct Recording {
+    ping: PingHarness,
+    seen: Vec<(u64, FaultKind, Vec<u32>)>,
+}
+
+impl Harness for Recording {
+    type Node = PingNode;
+    fn make_node(&mut self, ctx: &NodeCtx) -> PingNode {
+        self.ping.make_node(ctx)
+    }
+    fn on_fault(&mut self, world: &mut World<PingNode>, fault: &TimedFault, targets: &[u32]) {
+        assert_eq!(world.now_ms(), fault.at_ms, "a step runs at its own time");
+        self.seen.push((fault.at_ms, fault.kind, targets.to_vec()));
+    }
+}
+
+const SPREAD: &str = r#"
+name = "spread"
+duration_ms = 10000
+[[topology.regions]]
+name = "a"
+zones = ["x", "y"]
+agents_per_zone = 5
+[[topology.regions]]
+name = "b"
+zones = ["x"]
+agents_per_zone = 4
+[[faults]]
+at_ms = 1000
+action = "restart"
+nodes = { region = "a" }
+spread_ms = 5000
+[[faults]]
+at_ms = 2000
+action = "crash"
+nodes = [10]
+"#;
+
+fn run_spread(seed: u64) -> (Vec<(u64, FaultKind, Vec<u32>)>, shoal_sim::report::Report) {
+    let s = Scenario::parse(SPREAD).unwrap();
+    let mut h = Recording {
+        ping: PingHarness {
+            cfg: PingConfig::from(&s.toy),
+        },
+        seen: Vec::new(),
+    };
+    let cfg = RunConfig {
+        seed,
+        progress: false,
+    };
+    let report = run(&s, &mut h, &cfg).unwrap().report;
+    (h.seen, report)
+}
+
+#[test]
+fn spread_restart_hits_each_target_once_evenly_in_seeded_order() {
+    let (seen, report) = run_spread(3);
+    // Region a (nodes 0..10) one by one, every 500 ms from 1,000 ms; the plain crash at
+    // 2,000 ms comes before the step due at the same time.
+    let restarts: Vec<&(u64, FaultKind, Vec<u32>)> =
+        seen.iter().filter(|s| s.1 == FaultKind::Restart).collect();
+    let times: Vec<u64> = restarts.iter().map(|s| s.0).collect();
+    assert_eq!(times, (0..10).map(|k| 1000 + k * 500).collect::<Vec<_>>());
+    let mut nodes: Vec<u32> = restarts.iter().map(|s| s.2[0]).collect();
+    assert!(restarts.iter().all(|s| s.2.len() == 1));
+    let order = nodes.clone();
+    assert_ne!(order, (0..10).collect::<Vec<_>>(), "random order");
+    nodes.sort_unstable();
+    assert_eq!(nodes, (0..10).collect::<Vec<_>>(), "each node once");
+    let crash = seen.iter().position(|s| s.1 == FaultKind::Crash).unwrap();
+    assert_eq!(seen[crash], (2000, FaultKind::Crash, vec![10]));
+    assert_eq!(seen[crash + 1].0, 2000);
+    // The report lists the spread fault once, with all its targets in step order.
+    assert_eq!(report.faults.len(), 2);
+    assert_eq!(report.faults[0].at_ms, 1000);
+    assert_eq!(report.faults[0].target_count, 10);
+    assert_eq!(report.faults[0].targets_sample, order);
+    // Same seed, same steps; another seed, another order.
+    assert_eq!(run_spread(3).0, seen);
+    assert_ne!(run_spread(4).0, seen);
 }
