@@ -269,6 +269,10 @@ struct Tracked {
     seen_ms: Vec<u64>,
 }
 
+/// `Death::seen_ms` of an agent that did not hold the dead identity as an active member when
+/// it died: nothing to detect there (see [`ShoalHarness::mark_unaware`]).
+const UNAWARE: u64 = u64::MAX - 1;
+
 /// A death being timed: the first time each agent declared the node down.
 #[derive(Debug)]
 struct Death {
@@ -1015,9 +1019,35 @@ impl ShoalHarness {
             obs.finished_deaths.push(old);
         }
         drop(obs);
+        self.mark_unaware(world, node);
         for inst in self.instances.iter_mut().filter(|i| i.owner == node) {
             inst.bad_since.get_or_insert(now_ms);
             inst.process_alive = false;
+        }
+    }
+
+    /// Right after `node`'s death was recorded: marks the agents of its region that do not
+    /// hold the dead identity as an active member, so have nothing to detect. They held it
+    /// down already (the far side of a partition), never learned it (an agent that restarted
+    /// and has not heard of it yet), or are the node itself, restarted. Such agents are left
+    /// out of the detection figures (counted in `detection_observers_unaware`), not counted
+    /// as missing. O(agents x members) per death.
+    fn mark_unaware(&self, world: &World<ShoalNode>, node: u32) {
+        let mut obs = self.observer.borrow_mut();
+        let Some(d) = obs.deaths.get_mut(&node) else {
+            return;
+        };
+        let id = node_id(node);
+        for i in world.topology().region_nodes(d.region) {
+            let Some(n) = world.node(i) else { continue };
+            let aware = i != node
+                && n.mesh()
+                    .membership()
+                    .members()
+                    .any(|m| m.node == id && m.boot == d.boot);
+            if !aware && d.seen_ms[i as usize] == u64::MAX {
+                d.seen_ms[i as usize] = UNAWARE;
+            }
         }
     }
 
@@ -1451,6 +1481,11 @@ impl Harness for ShoalHarness {
             FaultAction::Recover(_) | FaultAction::Unstall(_) => {}
             FaultAction::Skew { .. } | FaultAction::SetNetwork { .. } => {}
         }
+        if let FaultAction::Restart(_) = fault.action {
+            for &t in targets {
+                self.mark_unaware(world, t);
+            }
+        }
     }
 
     fn finish(
@@ -1502,9 +1537,18 @@ impl Harness for ShoalHarness {
         let mut det_agent = Vec::new();
         let mut det_last = Vec::new();
         let mut missing_detections = 0u64;
+        let mut unaware = 0u64;
         for d in obs.deaths.values().chain(obs.finished_deaths.iter()) {
             let mut worst = 0;
             for i in topo.region_nodes(d.region) {
+                // An agent restarted since (or at) this death runs as a fresh member that never
+                // knew the dead identity, unless its previous incarnation already saw it down.
+                let reborn = obs.deaths.get(&i).is_some_and(|o| o.at_ms >= d.at_ms);
+                let seen = d.seen_ms[i as usize];
+                if alive[i as usize] && (seen == UNAWARE || (seen == u64::MAX && reborn)) {
+                    unaware += 1;
+                    continue;
+                }
                 if !alive[i as usize] || d.seen_ms[i as usize] == u64::MAX {
                     if alive[i as usize] && obs.boots[i as usize].is_some() {
                         missing_detections += u64::from(d.seen_ms[i as usize] == u64::MAX);
@@ -1566,14 +1610,15 @@ impl Harness for ShoalHarness {
         );
         // Convergence.
         let settle = self.spec.settle_ms;
-        let mut conv: Vec<u64> = self
+        let conv: Vec<u64> = self
             .converged_at
             .values()
             .map(|t| t.saturating_sub(settle))
             .collect();
-        report
-            .distributions
-            .insert("convergence_after_settle_ms".into(), dist_of(&mut conv));
+        report.distributions.insert(
+            "convergence_after_settle_ms".into(),
+            dist_of(&mut conv.clone()),
+        );
         let (agree, agree_detail) = self.routable_sets_agree(world);
         if std::env::var_os("SHOAL_SIM_DEBUG").is_some() {
             for (i, n) in world.nodes() {
@@ -1611,6 +1656,10 @@ impl Harness for ShoalHarness {
             (obs.deaths.len() + obs.finished_deaths.len()) as u64,
         );
         c.insert("detections_missing".into(), missing_detections);
+        if unaware > 0 {
+            // Only when non-zero, so reports of scenarios without such deaths stay as they were.
+            c.insert("detection_observers_unaware".into(), unaware);
+        }
         c.insert("authority_writes_refused".into(), self.refused_writes);
         c.insert("authority_refusals".into(), self.authority_refusals);
         c.insert("instances".into(), self.instances.len() as u64);
