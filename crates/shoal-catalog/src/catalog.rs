@@ -370,6 +370,12 @@ impl Catalog {
         &self.counters
     }
 
+    /// Zeroes the merge outcome counters (e.g. for a copy of another agent's catalog, whose
+    /// counters describe that agent's merges, not this one's).
+    pub fn reset_counters(&mut self) {
+        self.counters = MergeCounters::default();
+    }
+
     /// All service keys held, sorted.
     pub fn service_keys(&self) -> impl Iterator<Item = &ServiceKey> {
         self.services.keys()
@@ -490,10 +496,23 @@ impl Catalog {
         signed: Arc<SignedLifecycle>,
         verifier: &dyn Verifier,
     ) -> MergeOutcome {
+        let rec = &signed.record;
+        // Fast path for the common repeat (Plumtree and anti-entropy deliver most records more
+        // than once): the record held under this revision is this very record, so it was
+        // verified and its revision observed when it was stored. Same outcome as the full
+        // path below, with one lookup instead of several.
+        if let Some(held) = self
+            .regions
+            .get(&rec.region)
+            .and_then(|r| r.by_revision.get(&rec.revision))
+        {
+            if Arc::ptr_eq(held, &signed) || **held == *signed {
+                return MergeOutcome::Duplicate;
+            }
+        }
         if let Err(e) = verifier.verify_lifecycle(&signed) {
             return MergeOutcome::BadSignature(e);
         }
-        let rec = &signed.record;
         let region = self.regions.entry(rec.region.clone()).or_default();
         let marker = rec.order();
         let held = self

@@ -10,13 +10,13 @@
 //! # Record dissemination (Plumtree, Leitão et al., SRDS 2007)
 //! Records travel on streams, never on SWIM piggyback. Every member keeps an *eager* and a
 //! *lazy* peer set drawn from the SWIM membership. A record new to us is pushed in full to the
-//! eager peers (coalesced for [`MeshConfig::coalesce_ms`]; withdrawals — DRAINING, EXPIRED,
-//! failing health — only for [`MeshConfig::urgent_coalesce_ms`]); a push that brought nothing
-//! new gets a
-//! PRUNE back, moving that link to lazy, so the eager links converge to a spanning tree. Lazy
-//! peers get periodic IHAVE announcements of per-origin heads; a member that hears of records
-//! it lacks and does not receive them within [`MeshConfig::graft_timeout_ms`] GRAFTs the
-//! announcer: asks for a delta and makes the link eager again.
+//! eager peers (coalesced for [`MeshConfig::coalesce_ms`]; withdrawals — DRAINING, EXPIRED of
+//! an endpoint that may be routable, failing health — only for
+//! [`MeshConfig::urgent_coalesce_ms`]); a push that brought nothing new gets a PRUNE back,
+//! moving that link to lazy, so the eager links converge to a spanning tree. Lazy peers get
+//! periodic IHAVE announcements of per-origin heads; a member that hears of records it lacks
+//! and does not receive them within [`MeshConfig::graft_timeout_ms`] GRAFTs the announcer: asks
+//! for a delta and makes the link eager again.
 //!
 //! # Anti-entropy
 //! Every [`MeshConfig::anti_entropy_interval_ms`] (jittered) a member sends a random peer a
@@ -99,7 +99,7 @@ impl MeshConfig {
             eager_fanout: 4,
             lazy_fanout: 6,
             min_eager: 3,
-            coalesce_ms: 20,
+            coalesce_ms: 50,
             urgent_coalesce_ms: 5,
             ihave_interval_ms: 250,
             graft_timeout_ms: 400,
@@ -503,10 +503,11 @@ impl<V: Verifier> Mesh<V> {
             Command::Leave => self.membership.leave(now_ms),
             Command::Publish { lifecycle } => {
                 for rec in lifecycle {
+                    let urgent = self.is_urgent_lifecycle(&rec);
                     match self.catalog.apply_lifecycle(rec.clone(), &self.verifier) {
                         MergeOutcome::Applied => {
-                            self.announce_now |= Self::is_urgent_lifecycle(&rec);
-                            self.on_lifecycle_applied(rec, None);
+                            self.announce_now |= urgent;
+                            self.on_lifecycle_applied(rec, None, urgent);
                         }
                         MergeOutcome::Duplicate | MergeOutcome::Stale => {}
                         other => self.refuse(Refusal::Publish(other.as_label().to_owned())),
@@ -733,16 +734,32 @@ impl<V: Verifier> Mesh<V> {
         self.members.values().nth(i).copied()
     }
 
-    fn is_urgent_lifecycle(rec: &SignedLifecycle) -> bool {
-        matches!(
-            rec.record.state,
-            LifecycleState::Draining | LifecycleState::Expired
-        )
+    /// Whether `rec` may withdraw an endpoint that is routable somewhere: DRAINING always;
+    /// EXPIRED unless it is the lease net's (the owner node has been down for a whole lease,
+    /// so derived liveness withdrew its endpoints long ago) or this catalog held the endpoint
+    /// in a state that was not routable (STARTING, DRAINING: the usual DRAINING -> EXPIRED of a
+    /// rollout). Only these skip the ordinary coalescing window. Call before merging `rec`.
+    fn is_urgent_lifecycle(&self, rec: &SignedLifecycle) -> bool {
+        let r = &rec.record;
+        match r.state {
+            LifecycleState::Draining => true,
+            LifecycleState::Expired if r.reason == TransitionReason::LeaseExpired => false,
+            LifecycleState::Expired => self
+                .catalog
+                .entry(&r.key, &r.instance)
+                .is_none_or(|e| e.lifecycle().record.state == LifecycleState::Ready),
+            _ => false,
+        }
     }
 
-    fn on_lifecycle_applied(&mut self, rec: Arc<SignedLifecycle>, from: Option<SocketAddr>) {
+    fn on_lifecycle_applied(
+        &mut self,
+        rec: Arc<SignedLifecycle>,
+        from: Option<SocketAddr>,
+        urgent: bool,
+    ) {
         self.dirty_regions.insert(rec.record.region.clone());
-        self.urgent |= Self::is_urgent_lifecycle(&rec);
+        self.urgent |= urgent;
         if self.config.record_events {
             self.push_event(MeshEvent::LifecycleApplied(rec.clone()));
         }
@@ -829,9 +846,10 @@ impl<V: Verifier> Mesh<V> {
         let mut new = false;
         for rec in push.lifecycle {
             let rec = self.verifier.intern_lifecycle(rec);
+            let urgent = self.is_urgent_lifecycle(&rec);
             if self.catalog.apply_lifecycle(rec.clone(), &self.verifier) == MergeOutcome::Applied {
                 new = true;
-                self.on_lifecycle_applied(rec, Some(from));
+                self.on_lifecycle_applied(rec, Some(from), urgent);
             }
         }
         for rec in push.health {
@@ -1097,15 +1115,22 @@ impl<V: Verifier> Mesh<V> {
                 .into_iter()
                 .map(|r| self.verifier.intern_lifecycle(r))
                 .collect();
+            let urgent: Vec<bool> = d
+                .records
+                .iter()
+                .map(|r| self.is_urgent_lifecycle(r))
+                .collect();
             let mut applied = Vec::new();
+            let mut i = 0;
             self.catalog
                 .apply_lifecycle_delta_observed(&d, &self.verifier, |rec, outcome| {
                     if *outcome == MergeOutcome::Applied {
-                        applied.push(rec.clone());
+                        applied.push((rec.clone(), urgent[i]));
                     }
+                    i += 1;
                 });
-            for rec in applied {
-                self.on_lifecycle_applied(rec, Some(from));
+            for (rec, urgent) in applied {
+                self.on_lifecycle_applied(rec, Some(from), urgent);
             }
         }
         for mut d in delta.health {
