@@ -1372,8 +1372,10 @@ impl Harness for ShoalHarness {
         );
         let now = ctx.now_ms;
         if ctx.epoch == 0 {
-            // First boot: the region is already formed (as after a long steady state).
+            // First boot: the region is already formed (as after a long steady state). The
+            // copy is O(1) and shares the tree until this agent changes an entry.
             *mesh.catalog_mut() = self.initial[region as usize].clone();
+            mesh.catalog_mut().reset_counters();
             if self.first_boot_ids.is_empty() {
                 // Built once and shared (ids are Arc-backed) by every node's membership.
                 self.first_boot_ids = (0..topo.len() as u32)
@@ -1391,7 +1393,12 @@ impl Harness for ShoalHarness {
                 .collect();
             mesh.bootstrap(now, members);
         } else {
-            // Restart: an empty agent auto-joins through three seeds of its region.
+            // Restart: the agent loads its persisted snapshot (as shoal-agent does at boot);
+            // modelled as the oldest one it can have, the region's catalog at first boot, so
+            // anti-entropy must bring everything since. Then it auto-joins through three seeds
+            // of its region.
+            *mesh.catalog_mut() = self.initial[region as usize].clone();
+            mesh.catalog_mut().reset_counters();
             let nodes = topo.region_nodes(region);
             let seeds: Vec<SocketAddr> = (0..3)
                 .map(|_| {
