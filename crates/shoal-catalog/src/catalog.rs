@@ -1003,6 +1003,61 @@ impl Catalog {
         doomed.len()
     }
 
+    // ---- sharing -------------------------------------------------------------------------
+
+    /// Replaces each per-service instance map, per-owner health index and per-region revision
+    /// index of this catalog that is *equal* to `other`'s with a shared copy of `other`'s.
+    /// Only equal maps are swapped, so contents are unchanged and no merge, view, delta or
+    /// snapshot can tell; memory shrinks when many catalogs hold the same records (the
+    /// simulator's agents of one region). Cost: one comparison per map that is not already
+    /// shared. Returns how many maps were swapped.
+    pub fn share_equal_maps(&mut self, other: &Catalog) -> usize {
+        let services: Vec<ServiceKey> = self
+            .services
+            .iter()
+            .filter(|(k, s)| {
+                other.services.get(*k).is_some_and(|o| {
+                    !s.instances.ptr_eq(&o.instances) && s.instances == o.instances
+                })
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in &services {
+            let shared = other.services[k].instances.clone();
+            self.services.get_mut(k).expect("listed").instances = shared;
+        }
+        let owners: Vec<NodeId> = self
+            .owners
+            .iter()
+            .filter(|(n, s)| {
+                other
+                    .owners
+                    .get(*n)
+                    .is_some_and(|o| !s.by_seq.ptr_eq(&o.by_seq) && s.by_seq == o.by_seq)
+            })
+            .map(|(n, _)| n.clone())
+            .collect();
+        for n in &owners {
+            let shared = other.owners[n].by_seq.clone();
+            self.owners.get_mut(n).expect("listed").by_seq = shared;
+        }
+        let regions: Vec<Region> = self
+            .regions
+            .iter()
+            .filter(|(r, s)| {
+                other.regions.get(*r).is_some_and(|o| {
+                    !s.by_revision.ptr_eq(&o.by_revision) && s.by_revision == o.by_revision
+                })
+            })
+            .map(|(r, _)| r.clone())
+            .collect();
+        for r in &regions {
+            let shared = other.regions[r].by_revision.clone();
+            self.regions.get_mut(r).expect("listed").by_revision = shared;
+        }
+        services.len() + owners.len() + regions.len()
+    }
+
     // ---- snapshots -----------------------------------------------------------------------
 
     /// GC floor of a region.

@@ -1103,3 +1103,24 @@ fn also_seen_closes_a_gap_of_a_superseded_revision() {
         Some((2, 2))
     );
 }
+
+#[test]
+fn share_equal_maps_swaps_only_equal_maps_and_changes_nothing_visible() {
+    let fx = Fixture::new();
+    let (a1, a2) = (life(&fx, "a", 1, 1, Ready), life(&fx, "b", 1, 2, Ready));
+    let mut x = Catalog::new();
+    let mut y = Catalog::new();
+    seed(&mut x, &fx, &[a1.clone(), a2.clone()]);
+    seed(&mut y, &fx, &[a1, a2]);
+    let before = x.clone();
+    assert!(!x.shares_entries_with(&y));
+    // Equal instance map and revision index: both swapped; contents unchanged.
+    assert_eq!(x.share_equal_maps(&y), 2);
+    assert_eq!(x, before);
+    assert_eq!(x.share_equal_maps(&y), 0, "already shared");
+    // y moves on: nothing of x may change.
+    seed(&mut y, &fx, &[life(&fx, "a", 1, 3, Draining)]);
+    assert_eq!(x.share_equal_maps(&y), 0);
+    assert_eq!(x, before);
+    assert_eq!(held_life(&x, &fx, "a").record.state, Ready);
+}

@@ -466,12 +466,39 @@ pub struct ShoalHarness {
     refused_writes: u64,
     authority_refusals: u64,
     first_boot_ids: Vec<MemberId>,
+    next_share_ms: u64,
+    maps_shared: u64,
 }
 
 /// How often the traffic model runs, ms.
 const TRAFFIC_TICK_MS: u64 = 100;
 /// How often convergence is sampled after `settle_ms`, ms.
 const SAMPLE_MS: u64 = 1_000;
+/// How often agents of a region are made to share equal catalog maps, ms.
+const SHARE_MS: u64 = 1_000;
+
+/// Memory only: every live agent of each region swaps its catalog maps that equal the first
+/// live agent's for shared copies ([`Catalog::share_equal_maps`]). Contents never change, so
+/// nothing observable does; without it a rollout leaves every agent with a private copy of
+/// its region's catalog (~1,667 x 33,000 entries). Returns how many maps were swapped.
+fn share_catalogs(world: &mut World<ShoalNode>, regions: u16) -> u64 {
+    let mut swapped = 0;
+    for r in 0..regions {
+        let nodes: Vec<u32> = world.topology().region_nodes(r).collect();
+        let Some(reference) = nodes
+            .iter()
+            .find_map(|&i| world.node(i).map(|n| n.mesh.catalog().clone()))
+        else {
+            continue;
+        };
+        for i in nodes {
+            world.with_node(i, |n, _| {
+                swapped += n.mesh.catalog_mut().share_equal_maps(&reference) as u64;
+            });
+        }
+    }
+    swapped
+}
 
 impl ShoalHarness {
     /// Builds the harness for `scenario` (which must have a `[shoal]` section).
@@ -572,6 +599,8 @@ impl ShoalHarness {
             refused_writes: 0,
             authority_refusals: 0,
             first_boot_ids: Vec::new(),
+            next_share_ms: SHARE_MS,
+            maps_shared: 0,
         };
         h.next_sample_ms = h.spec.settle_ms;
         h.populate(scenario, &topo);
@@ -1442,6 +1471,10 @@ impl Harness for ShoalHarness {
             self.traffic(world, now);
             self.next_traffic_ms = now + TRAFFIC_TICK_MS;
         }
+        if self.next_share_ms <= now {
+            self.maps_shared += share_catalogs(world, self.region_names.len() as u16);
+            self.next_share_ms = now + SHARE_MS;
+        }
         if now >= self.spec.settle_ms && self.next_sample_ms <= now {
             self.sample_convergence(world, now);
             self.next_sample_ms = now + SAMPLE_MS;
@@ -1645,6 +1678,7 @@ impl Harness for ShoalHarness {
         // Counters.
         let c = &mut report.counters;
         c.insert("picks".into(), self.picks);
+        c.insert("catalog_maps_shared".into(), self.maps_shared);
         c.insert("picks_no_backend".into(), self.no_backend);
         c.insert(
             "picks_of_withdrawn".into(),
