@@ -862,7 +862,29 @@ impl Catalog {
         if our_boot >= boot {
             let start = (our_boot, from.next());
             let end = (our_boot.next(), HealthSeq(0));
-            for ((_, seq), rec) in state.by_seq.range(start..end) {
+            let mut candidates: Vec<(HealthSeq, &Arc<SignedHealth>)> = state
+                .by_seq
+                .range(start..end)
+                .map(|((_, seq), rec)| (*seq, rec))
+                .collect();
+            // Records held early count in the owner's chain (so heads do not depend on
+            // delivery order), so they must travel with any delta that claims them: without
+            // them a delta claimed completeness over a sequence number it did not carry, and
+            // the receiver never asked again (found by the simulator).
+            if !self.early_health.is_empty() {
+                candidates.extend(
+                    self.early_health
+                        .values()
+                        .map(|r| (r.record.seq, r))
+                        .filter(|(seq, r)| {
+                            r.record.owner == *owner
+                                && r.record.owner_boot == our_boot
+                                && *seq > from
+                        }),
+                );
+                candidates.sort_by_key(|(seq, _)| *seq);
+            }
+            for (seq, rec) in candidates {
                 if records.len() == max_records {
                     truncated_at = Some(HealthSeq(seq.0 - 1));
                     break;

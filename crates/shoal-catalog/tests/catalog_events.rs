@@ -1124,3 +1124,30 @@ fn share_equal_maps_swaps_only_equal_maps_and_changes_nothing_visible() {
     assert_eq!(x, before);
     assert_eq!(held_life(&x, &fx, "a").record.state, Ready);
 }
+
+#[test]
+fn health_delta_carries_records_held_early_that_its_head_claims() {
+    // The simulator's case: a health record arrives before its lifecycle record, then again;
+    // the second copy made the owner's head cover its seq. A delta claiming that seq must
+    // carry the record, or the receiver accounts for it without ever holding it.
+    let fx = Fixture::new();
+    let node0 = fx.nodes[0].0.clone();
+    let early = health(&fx, "a", 0, 1, 1, 1, Passing);
+    let mut tx = Catalog::new();
+    for _ in 0..2 {
+        assert_eq!(
+            tx.apply_health(early.clone(), &fx.keyring),
+            MergeOutcome::Unadmitted
+        );
+    }
+    let d = tx.health_delta(&node0, Generation(1), HealthSeq(0), 100);
+    assert!(d.complete_to >= HealthSeq(1), "the head claims seq 1");
+    assert_eq!(d.records, vec![early]);
+
+    // A receiver that already holds the lifecycle record ends up with the health record.
+    let mut rx = Catalog::new();
+    seed(&mut rx, &fx, &[life(&fx, "a", 1, 1, Ready)]);
+    let out = rx.apply_health_delta(&d, &fx.keyring);
+    assert_eq!((out.applied, out.rejected), (1, 0));
+    assert!(rx.entry(&fx.key, &inst("a")).unwrap().health().is_some());
+}
