@@ -314,6 +314,8 @@ pub struct Mesh<V: Verifier> {
     missing_regions: BTreeMap<Region, (SocketAddr, u64, Revision)>,
     missing_owners: BTreeMap<NodeId, (SocketAddr, u64, (Generation, HealthSeq))>,
     graft_armed: bool,
+    /// Joined and not yet asked anyone for what we missed.
+    catch_up: bool,
     /// (time, region heads) samples for the tombstone GC horizon.
     gc_samples: VecDeque<(u64, Vec<(Region, Revision)>)>,
     periodic_armed: bool,
@@ -364,6 +366,7 @@ impl<V: Verifier> Mesh<V> {
             missing_regions: BTreeMap::new(),
             missing_owners: BTreeMap::new(),
             graft_armed: false,
+            catch_up: false,
             gc_samples: VecDeque::new(),
             periodic_armed: false,
             open_gaps: 0,
@@ -499,6 +502,7 @@ impl<V: Verifier> Mesh<V> {
             Command::Join { seeds } => {
                 self.membership.join(now_ms, &seeds);
                 self.arm_periodic(now_ms);
+                self.catch_up = true;
             }
             Command::Leave => self.membership.leave(now_ms),
             Command::Publish { lifecycle } => {
@@ -657,6 +661,12 @@ impl<V: Verifier> Mesh<V> {
         // everyone's eager peer).
         if up && self.eager.is_empty() {
             self.refill_peers();
+        }
+        // A joining agent usually starts from a persisted snapshot that may be seconds or
+        // minutes old: it asks its first member for what it missed at once, instead of after
+        // the first anti-entropy period.
+        if up && std::mem::take(&mut self.catch_up) {
+            self.start_anti_entropy();
         }
         if !self.outbox.is_empty() {
             // Withdrawals wait at most `urgent_coalesce_ms` per hop (a few ms), ordinary

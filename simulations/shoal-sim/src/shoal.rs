@@ -4,7 +4,9 @@
 //!
 //! # What is measured
 //! * **Drain propagation**: from the authority's commit of a withdrawal (DRAINING) until each
-//!   live agent applied it (the agent stops handing the endpoint out at that moment).
+//!   live agent applied it (the agent stops handing the endpoint out at that moment). Agents
+//!   that were ever CPU-stalled are reported apart (`drain_propagation_stalled_agents_ms`), as
+//!   their downs are: the check is over the others.
 //! * **Hard-failure detection**: from a node's crash until each surviving agent's SWIM declared
 //!   it down (every endpoint of that node stops being routable there at that moment).
 //! * **Process failure**: from a process crash until each agent applied the owner's failing
@@ -305,6 +307,9 @@ pub struct Observer {
     boots: Vec<Option<Generation>>,
     /// Nodes cut off from (part of) the region, or stalled: their downs are not false.
     excused: BTreeSet<u32>,
+    /// Nodes ever CPU-stalled: their drain applications are reported apart (a node asleep
+    /// 800 ms of every second cannot apply anything within a second, whatever the protocol).
+    stalled: BTreeSet<u32>,
     false_downs: u64,
     excused_downs: u64,
     /// (node, time) of every false down, for the report (first 32).
@@ -468,12 +473,17 @@ pub struct ShoalHarness {
     first_boot_ids: Vec<MemberId>,
     next_share_ms: u64,
     maps_shared: u64,
+    /// Each agent's last persisted snapshot (only kept when the scenario restarts agents).
+    persisted: Vec<Option<Catalog>>,
+    next_persist_ms: u64,
 }
 
 /// How often the traffic model runs, ms.
 const TRAFFIC_TICK_MS: u64 = 100;
 /// How often convergence is sampled after `settle_ms`, ms.
 const SAMPLE_MS: u64 = 1_000;
+/// How often an agent persists its catalog, ms (shoal-agent's `persist.interval_ms` default).
+const PERSIST_MS: u64 = 10_000;
 /// How often agents of a region are made to share equal catalog maps, ms.
 const SHARE_MS: u64 = 1_000;
 
@@ -601,6 +611,16 @@ impl ShoalHarness {
             first_boot_ids: Vec::new(),
             next_share_ms: SHARE_MS,
             maps_shared: 0,
+            persisted: if scenario
+                .faults
+                .iter()
+                .any(|f| matches!(f.action, crate::scenario::FaultKind::Restart))
+            {
+                vec![None; topo.len()]
+            } else {
+                Vec::new()
+            },
+            next_persist_ms: PERSIST_MS,
         };
         h.next_sample_ms = h.spec.settle_ms;
         h.populate(scenario, &topo);
@@ -1422,11 +1442,16 @@ impl Harness for ShoalHarness {
                 .collect();
             mesh.bootstrap(now, members);
         } else {
-            // Restart: the agent loads its persisted snapshot (as shoal-agent does at boot);
-            // modelled as the oldest one it can have, the region's catalog at first boot, so
-            // anti-entropy must bring everything since. Then it auto-joins through three seeds
-            // of its region.
-            *mesh.catalog_mut() = self.initial[region as usize].clone();
+            // Restart: the agent loads its persisted snapshot (as shoal-agent does at boot),
+            // the one its previous process wrote at the last persist tick (every PERSIST_MS,
+            // up to that long before the crash); anti-entropy must bring everything since.
+            // Then it auto-joins through three seeds of its region.
+            let persisted = self
+                .persisted
+                .get_mut(ctx.index as usize)
+                .and_then(Option::take);
+            *mesh.catalog_mut() =
+                persisted.unwrap_or_else(|| self.initial[region as usize].clone());
             mesh.catalog_mut().reset_counters();
             let nodes = topo.region_nodes(region);
             let seeds: Vec<SocketAddr> = (0..3)
@@ -1471,6 +1496,14 @@ impl Harness for ShoalHarness {
             self.traffic(world, now);
             self.next_traffic_ms = now + TRAFFIC_TICK_MS;
         }
+        if !self.persisted.is_empty() && self.next_persist_ms <= now {
+            for (i, slot) in self.persisted.iter_mut().enumerate() {
+                if let Some(n) = world.node(i as u32) {
+                    *slot = Some(n.mesh.catalog().clone());
+                }
+            }
+            self.next_persist_ms = now + PERSIST_MS;
+        }
         if self.next_share_ms <= now {
             self.maps_shared += share_catalogs(world, self.region_names.len() as u16);
             self.next_share_ms = now + SHARE_MS;
@@ -1512,10 +1545,11 @@ impl Harness for ShoalHarness {
             | FaultAction::Isolate(_)
             | FaultAction::IsolateExcept { .. }
             | FaultAction::Stall { .. } => {
-                self.observer
-                    .borrow_mut()
-                    .excused
-                    .extend(targets.iter().copied());
+                let mut obs = self.observer.borrow_mut();
+                obs.excused.extend(targets.iter().copied());
+                if matches!(fault.action, FaultAction::Stall { .. }) {
+                    obs.stalled.extend(targets.iter().copied());
+                }
             }
             FaultAction::Heal => {}
             FaultAction::Recover(_) | FaultAction::Unstall(_) => {}
@@ -1539,6 +1573,7 @@ impl Harness for ShoalHarness {
         let topo = world.topology();
         // Drain propagation.
         let mut per_agent = Vec::new();
+        let mut per_stalled_agent = Vec::new();
         let mut last_agent = Vec::new();
         let mut missing_drains = 0u64;
         for t in obs.drains.values().chain(obs.finished_drains.iter()) {
@@ -1568,6 +1603,10 @@ impl Harness for ShoalHarness {
                     continue;
                 }
                 let d = seen.saturating_sub(t.committed_ms);
+                if obs.stalled.contains(&i) {
+                    per_stalled_agent.push(d);
+                    continue;
+                }
                 per_agent.push(d);
                 worst = worst.max(d);
             }
@@ -1629,6 +1668,12 @@ impl Harness for ShoalHarness {
             "drain_propagation_last_agent_ms".into(),
             dist_of(&mut last_agent),
         );
+        if !per_stalled_agent.is_empty() {
+            report.distributions.insert(
+                "drain_propagation_stalled_agents_ms".into(),
+                dist_of(&mut per_stalled_agent),
+            );
+        }
         report
             .distributions
             .insert("detection_ms".into(), detection.clone());
