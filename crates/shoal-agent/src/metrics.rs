@@ -79,6 +79,7 @@ pub fn export_counters(mesh: &Mesh<Keyring>, transport: &TransportCounters) {
         .absolute(m.rejected_foca);
     counter!("shoal_swim_rejoins_total").absolute(m.rejoins);
     counter!("shoal_swim_identity_conflicts_total").absolute(m.identity_conflicts);
+    counter!("shoal_swim_members_learned_total").absolute(m.members_learned);
     let c = mesh.counters();
     for kind in MessageKind::ALL {
         let i = kind as usize;
@@ -103,6 +104,8 @@ pub fn export_counters(mesh: &Mesh<Keyring>, transport: &TransportCounters) {
     counter!("shoal_full_snapshot_fallbacks_total").absolute(c.snapshots_installed);
     counter!("shoal_full_snapshots_refused_total").absolute(c.snapshots_refused);
     counter!("shoal_anti_entropy_rounds_total").absolute(c.anti_entropy_rounds);
+    counter!("shoal_push_pull_lists_total", "outcome" => "sent").absolute(c.push_pull_lists_sent);
+    counter!("shoal_push_pull_lists_total", "outcome" => "limited").absolute(c.push_pull_limited);
     counter!("shoal_mesh_overflow_total", "queue" => "outbox").absolute(c.outbox_overflow);
     counter!("shoal_mesh_overflow_total", "queue" => "transmit").absolute(c.transmit_overflow);
     counter!("shoal_mesh_overflow_total", "queue" => "event").absolute(c.event_overflow);

@@ -62,6 +62,11 @@ const PARTITION_DOWN_DIVISOR: usize = 5;
 /// How long, ms, a partition verdict keeps `TurnUndead` from down members trusted.
 const PARTITION_GRACE_MS: u64 = 120_000;
 
+/// Number of buckets the member set is hashed into for push-pull comparison
+/// ([`Membership::member_buckets`]). A crash or a join changes one bucket, so peers exchange
+/// about 1/32 of the member list to repair it, not all of it.
+pub const MEMBER_BUCKETS: usize = 32;
+
 /// How many times a degraded member postpones declaring one suspect down (each time by one
 /// suspicion window) before it lets foca decide.
 const MAX_DOWN_POSTPONES: u8 = 3;
@@ -424,6 +429,9 @@ pub struct MembershipCounters {
     /// Suspect-to-down decisions postponed because this member was degraded (its timers ran
     /// late): Lifeguard-style local health.
     pub downs_postponed: u64,
+    /// Identities learned from a peer's member list (push-pull, [`Membership::learn_members`])
+    /// that rumour mongering had not brought us.
+    pub members_learned: u64,
     /// Gauge: members alive in our view.
     pub members_alive: u64,
     /// Gauge: members suspect in our view.
@@ -467,6 +475,9 @@ pub struct Membership {
     seeds: Vec<SocketAddr>,
     /// Our view, one active identity per node.
     active: BTreeMap<NodeId, MemberId>,
+    /// XOR of [`member_fingerprint`] over `active`, per [`member_bucket`] (kept in step with
+    /// every insert and removal).
+    member_buckets: [u64; MEMBER_BUCKETS],
     /// Nodes last seen going down, with the time they went down (ms).
     down: BTreeMap<NodeId, (MemberId, u64)>,
     /// Identities to declare down in foca after the current drain (node-level conflicts).
@@ -531,6 +542,7 @@ impl Membership {
             identity,
             seeds: Vec::new(),
             active: BTreeMap::new(),
+            member_buckets: [0; MEMBER_BUCKETS],
             down: BTreeMap::new(),
             declare_down: Vec::new(),
             transmits: VecDeque::new(),
@@ -747,6 +759,79 @@ impl Membership {
             return None;
         }
         self.down.get(node).map(|(m, t)| (m, *t))
+    }
+
+    /// The member set hashed into [`MEMBER_BUCKETS`] buckets, for push-pull comparison with a
+    /// peer: bucket `b` is the XOR of a 64-bit FNV-1a fingerprint of (node, address, boot) of
+    /// every active member whose node id falls in bucket `b`, ourselves included, folded to 32
+    /// bits (at most 5 bytes each on the wire; a false match needs a 2^-32 coincidence in a
+    /// bucket that differs). Two members with the same view have equal buckets. O(1): the
+    /// hashes are kept up to date on every change.
+    pub fn member_buckets(&self) -> [u32; MEMBER_BUCKETS] {
+        let mut full = self.member_buckets;
+        full[member_bucket(&self.identity.node)] ^= member_fingerprint(&self.identity);
+        full.map(|h| (h ^ (h >> 32)) as u32)
+    }
+
+    /// Our active identities (ourselves included) whose node ids fall in `buckets`, in node
+    /// order: the list a push-pull exchange sends for the buckets that differed.
+    pub fn members_in_buckets(&self, buckets: &[u16]) -> Vec<MemberId> {
+        let wanted = |node: &NodeId| buckets.contains(&(member_bucket(node) as u16));
+        let mut out: Vec<MemberId> = self
+            .active
+            .values()
+            .filter(|m| wanted(&m.node))
+            .cloned()
+            .collect();
+        if wanted(&self.identity.node) {
+            let at = out.partition_point(|m| m.node < self.identity.node);
+            out.insert(at, self.identity.clone());
+        }
+        out
+    }
+
+    /// Whether `theirs` (a peer's list for `buckets`, from [`Membership::members_in_buckets`])
+    /// misses an identity we hold active, or holds an older one: then the peer should get our
+    /// list back.
+    pub fn peer_lacks(&self, buckets: &[u16], theirs: &[MemberId]) -> bool {
+        let known: BTreeMap<&NodeId, Generation> =
+            theirs.iter().map(|m| (&m.node, m.boot)).collect();
+        self.members_in_buckets(buckets)
+            .iter()
+            .any(|m| known.get(&m.node).is_none_or(|boot| *boot < m.boot))
+    }
+
+    /// Push-pull (memberlist's periodic state exchange, Das et al.'s SWIM leaves it to
+    /// rumour mongering): applies the identities of a peer's member list that are new to us as
+    /// alive, so a member that missed the gossip of a join, a restart or a healed partition
+    /// still learns it. An identity is skipped when it is ours, when we hold the same or a newer
+    /// identity of its node active, or when we saw the same or a newer one go down (a list
+    /// never brings a dead identity back). New identities then prove themselves by answering
+    /// probes like any other. Nothing is re-gossiped: the next push-pull spreads it.
+    /// Returns how many identities were applied.
+    pub fn learn_members(&mut self, now_ms: u64, theirs: &[MemberId]) -> usize {
+        if self.defunct {
+            return 0;
+        }
+        let newer =
+            |id: &MemberId, current: Option<&MemberId>| current.is_none_or(|c| id.boot > c.boot);
+        let updates: Vec<Member<MemberId>> = theirs
+            .iter()
+            .filter(|id| id.node != self.identity.node && id.addr != self.identity.addr)
+            .filter(|id| newer(id, self.active.get(&id.node)))
+            .filter(|id| newer(id, self.down.get(&id.node).map(|(m, _)| m)))
+            .cloned()
+            .map(Member::alive)
+            .collect();
+        let n = updates.len();
+        if n > 0 {
+            self.counters.members_learned += n as u64;
+            let _ = self
+                .foca
+                .apply_many(updates.into_iter(), false, &mut self.runtime);
+            self.drain(now_ms);
+        }
+        n
     }
 
     /// Counters and gauges for metrics. The `members_*` and `updates_backlog` gauges are
@@ -1019,6 +1104,7 @@ impl Membership {
 
     fn insert_up(&mut self, id: MemberId) {
         self.down.remove(&id.node);
+        self.member_buckets[member_bucket(&id.node)] ^= member_fingerprint(&id);
         self.active.insert(id.node.clone(), id.clone());
         self.push_event(MembershipEvent::Up(id));
     }
@@ -1028,6 +1114,7 @@ impl Membership {
             return;
         }
         self.active.remove(&id.node);
+        self.member_buckets[member_bucket(&id.node)] ^= member_fingerprint(id);
         if self.down.len() >= self.config.max_tracked_down {
             let oldest = self
                 .down
@@ -1042,6 +1129,35 @@ impl Membership {
         self.down.insert(id.node.clone(), (id.clone(), now_ms));
         self.push_event(MembershipEvent::Down(id.clone()));
     }
+}
+
+/// Bucket of a node's identities in [`Membership::member_buckets`] (all identities of one node
+/// share a bucket, so a restart changes one bucket).
+fn member_bucket(node: &NodeId) -> usize {
+    (fnv1a(node.as_str().as_bytes(), FNV_OFFSET) % MEMBER_BUCKETS as u64) as usize
+}
+
+/// 64-bit FNV-1a over (node, ip, port, boot).
+fn member_fingerprint(id: &MemberId) -> u64 {
+    let mut h = fnv1a(id.node.as_str().as_bytes(), FNV_OFFSET);
+    h = match id.addr.ip() {
+        std::net::IpAddr::V4(ip) => fnv1a(&ip.octets(), h),
+        std::net::IpAddr::V6(ip) => fnv1a(&ip.octets(), h),
+    };
+    h = fnv1a(&id.addr.port().to_le_bytes(), h);
+    fnv1a(&id.boot.0.to_le_bytes(), h)
+}
+
+/// FNV-1a 64-bit offset basis.
+pub(crate) const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// FNV-1a 64-bit (Fowler, Noll, Vo) over `bytes`, continuing from `h`.
+pub(crate) fn fnv1a(bytes: &[u8], mut h: u64) -> u64 {
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
 }
 
 /// The foca token a timer carries, if any (`RemoveDown` carries none and is never stale).

@@ -45,10 +45,12 @@ use shoal_proto::{
     Revision, ServiceKey, SignedHealth, SignedLifecycle, SigningKey, TransitionReason, Zone,
 };
 
-use crate::membership::{MemberId, Membership, MembershipConfig, MembershipEvent, MembershipTimer};
+use crate::membership::{
+    fnv1a, MemberId, Membership, MembershipConfig, MembershipEvent, MembershipTimer, FNV_OFFSET,
+};
 use crate::messages::{
     AntiEntropy, DeltaBody, Graft, IHave, Prune, RecordPush, StreamMessage, DIGEST_BUCKETS,
-    MAX_RECORDS_PER_DELTA, MAX_RECORDS_PER_PUSH,
+    MAX_MEMBERS_PER_MESSAGE, MAX_RECORDS_PER_DELTA, MAX_RECORDS_PER_PUSH,
 };
 
 /// Tuning of dissemination and anti-entropy. Durations in ms of the driver's monotonic clock.
@@ -73,6 +75,10 @@ pub struct MeshConfig {
     pub graft_timeout_ms: u64,
     /// Mean period of anti-entropy rounds (each jittered uniformly in [0.5, 1.5] x).
     pub anti_entropy_interval_ms: u64,
+    /// Least time between two membership lists this member opens a push-pull with (answers to
+    /// a peer's list are not limited): bounds push-pull bandwidth to about one list of the
+    /// differing buckets per period while views differ.
+    pub push_pull_min_interval_ms: u64,
     /// How long tombstones are kept before garbage collection.
     pub tombstone_retention_ms: u64,
     /// Period of the garbage-collection check.
@@ -104,6 +110,7 @@ impl MeshConfig {
             ihave_interval_ms: 250,
             graft_timeout_ms: 400,
             anti_entropy_interval_ms: 2_000,
+            push_pull_min_interval_ms: 5_000,
             tombstone_retention_ms: 10 * 60 * 1_000,
             gc_interval_ms: 10_000,
             max_stream_message_bytes: MAX_STREAM_MESSAGE_BYTES,
@@ -235,6 +242,10 @@ pub struct MeshCounters {
     pub rejected: BTreeMap<&'static str, u64>,
     /// Anti-entropy rounds started.
     pub anti_entropy_rounds: u64,
+    /// Membership lists sent in push-pull (openers and answers).
+    pub push_pull_lists_sent: u64,
+    /// Push-pull openers not sent because of [`MeshConfig::push_pull_min_interval_ms`].
+    pub push_pull_limited: u64,
     /// Deltas sent / received.
     pub deltas_sent: u64,
     /// Deltas applied.
@@ -316,6 +327,8 @@ pub struct Mesh<V: Verifier> {
     graft_armed: bool,
     /// Joined and not yet asked anyone for what we missed.
     catch_up: bool,
+    /// When we last opened a membership push-pull.
+    push_pull_at: Option<u64>,
     /// (time, region heads) samples for the tombstone GC horizon.
     gc_samples: VecDeque<(u64, Vec<(Region, Revision)>)>,
     periodic_armed: bool,
@@ -367,6 +380,7 @@ impl<V: Verifier> Mesh<V> {
             missing_owners: BTreeMap::new(),
             graft_armed: false,
             catch_up: false,
+            push_pull_at: None,
             gc_samples: VecDeque::new(),
             periodic_armed: false,
             open_gaps: 0,
@@ -845,7 +859,7 @@ impl<V: Verifier> Mesh<V> {
                     self.lazy.insert(from);
                 }
             }
-            StreamMessage::AntiEntropy(ae) => self.on_anti_entropy(from, ae),
+            StreamMessage::AntiEntropy(ae) => self.on_anti_entropy(now_ms, from, ae),
             StreamMessage::Delta(delta) => self.on_delta(from, delta),
             StreamMessage::SnapshotRequest(_) => self.send_snapshot(from),
             StreamMessage::Snapshot(bytes) => self.on_snapshot(&bytes),
@@ -1177,22 +1191,90 @@ impl<V: Verifier> Mesh<V> {
         StreamMessage::AntiEntropy(AntiEntropy::Digest {
             regions: heads.regions,
             buckets: bucket_hashes(&heads.owners).to_vec(),
+            members: if reply {
+                self.membership.member_buckets().to_vec()
+            } else {
+                Vec::new()
+            },
             reply,
         })
     }
 
-    fn on_anti_entropy(&mut self, from: SocketAddr, ae: AntiEntropy) {
+    fn on_anti_entropy(&mut self, now_ms: u64, from: SocketAddr, ae: AntiEntropy) {
         match ae {
             AntiEntropy::Digest {
                 regions,
                 buckets,
+                members,
                 reply,
-            } => self.on_digest(from, regions, &buckets, reply),
+            } => {
+                self.on_digest(from, regions, &buckets, reply);
+                if reply {
+                    self.open_push_pull(now_ms, from, &members);
+                }
+            }
             AntiEntropy::BucketHeads {
                 buckets,
                 owners,
                 reply,
             } => self.on_bucket_heads(from, &buckets, owners, reply),
+            AntiEntropy::Members {
+                buckets,
+                members,
+                reply,
+            } => self.on_members(now_ms, from, &buckets, &members, reply),
+        }
+    }
+
+    /// A peer's digest named its member buckets: when some differ from ours, send our list of
+    /// those buckets (at most once per [`MeshConfig::push_pull_min_interval_ms`]); the peer
+    /// learns what it lacks and answers with what we lack. SWIM spreads a join only by
+    /// piggyback (`max_transmissions` sends) and probes; without this, a member that missed
+    /// the rumour of a restart or of a healed partition could go minutes without it
+    /// (memberlist runs a full state push-pull every 30 s for the same reason).
+    fn open_push_pull(&mut self, now_ms: u64, to: SocketAddr, theirs: &[u32]) {
+        let ours = self.membership.member_buckets();
+        let differing: Vec<u16> = (0..ours.len())
+            .filter(|&b| theirs.get(b).copied().unwrap_or(0) != ours[b])
+            .map(|b| b as u16)
+            .collect();
+        if differing.is_empty() {
+            return;
+        }
+        if self
+            .push_pull_at
+            .is_some_and(|at| now_ms < at + self.config.push_pull_min_interval_ms)
+        {
+            self.counters.push_pull_limited += 1;
+            return;
+        }
+        self.push_pull_at = Some(now_ms);
+        self.send_member_list(to, differing, true);
+    }
+
+    fn send_member_list(&mut self, to: SocketAddr, buckets: Vec<u16>, reply: bool) {
+        let mut members = self.membership.members_in_buckets(&buckets);
+        members.truncate(MAX_MEMBERS_PER_MESSAGE);
+        self.counters.push_pull_lists_sent += 1;
+        let msg = StreamMessage::AntiEntropy(AntiEntropy::Members {
+            buckets,
+            members,
+            reply,
+        });
+        self.send(to, &msg);
+    }
+
+    fn on_members(
+        &mut self,
+        now_ms: u64,
+        from: SocketAddr,
+        buckets: &[u16],
+        theirs: &[MemberId],
+        reply: bool,
+    ) {
+        self.membership.learn_members(now_ms, theirs);
+        if reply && self.membership.peer_lacks(buckets, theirs) {
+            self.send_member_list(from, buckets.to_vec(), false);
         }
     }
 
@@ -1362,16 +1444,6 @@ impl<V: Verifier> Mesh<V> {
         }
     }
 }
-
-fn fnv1a(bytes: &[u8], mut h: u64) -> u64 {
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
-
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 
 fn bucket_of(owner: &NodeId) -> usize {
     (fnv1a(owner.as_str().as_bytes(), FNV_OFFSET) % DIGEST_BUCKETS as u64) as usize

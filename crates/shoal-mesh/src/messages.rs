@@ -12,6 +12,8 @@ use shoal_catalog::{HealthDelta, LifecycleDelta, OwnerHead, RegionHead};
 use shoal_proto::envelope::{self, DecodeError, MessageKind};
 use shoal_proto::{Generation, HealthSeq, NodeId, Region, Revision, SignedHealth, SignedLifecycle};
 
+use crate::membership::{MemberId, MEMBER_BUCKETS};
+
 /// Most records in one [`RecordPush`] (a push of 256 records is ~70 KiB).
 pub const MAX_RECORDS_PER_PUSH: usize = 256;
 /// Most records per delta in one [`DeltaBody`].
@@ -20,6 +22,8 @@ pub const MAX_RECORDS_PER_DELTA: usize = 2_048;
 pub const MAX_ORIGINS_PER_MESSAGE: usize = 8_192;
 /// Number of owner-head buckets in an anti-entropy digest.
 pub const DIGEST_BUCKETS: usize = 32;
+/// Most identities in one [`AntiEntropy::Members`] list (10x a 1,667-member region).
+pub const MAX_MEMBERS_PER_MESSAGE: usize = 16_384;
 
 /// Plumtree eager push: records new to the sender, forwarded along the broadcast tree.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,8 +65,23 @@ pub enum AntiEntropy {
         regions: Vec<RegionHead>,
         /// Hash of the sender's owner heads falling in each of [`DIGEST_BUCKETS`] buckets.
         buckets: Vec<u64>,
+        /// The sender's SWIM member set, one 32-bit hash per bucket
+        /// ([`Membership::member_buckets`](crate::Membership::member_buckets), each folded
+        /// to 32 bits); empty in answers, which never open a push-pull.
+        members: Vec<u32>,
         /// Whether the receiver should answer with its own digest if the sender has something
         /// the receiver lacks (false in answers, so exchanges never ping-pong).
+        reply: bool,
+    },
+    /// Push-pull of SWIM membership (memberlist's state exchange): the sender's active
+    /// identities, itself included, in the member buckets whose hashes differed.
+    Members {
+        /// Member bucket numbers covered.
+        buckets: Vec<u16>,
+        /// The sender's active identities in those buckets, in node order.
+        members: Vec<MemberId>,
+        /// Whether the receiver should answer with its own list for these buckets when the
+        /// sender lacks an identity it holds.
         reply: bool,
     },
     /// Owner heads of the buckets whose hashes differed.
@@ -194,10 +213,20 @@ impl StreamMessage {
                 let m: AntiEntropy = envelope::decode_body(body)?;
                 match &m {
                     AntiEntropy::Digest {
-                        regions, buckets, ..
+                        regions,
+                        buckets,
+                        members,
+                        ..
                     } => {
                         limit("digest regions", regions.len(), MAX_ORIGINS_PER_MESSAGE)?;
                         limit("digest buckets", buckets.len(), DIGEST_BUCKETS)?;
+                        limit("member buckets", members.len(), MEMBER_BUCKETS)?;
+                    }
+                    AntiEntropy::Members {
+                        buckets, members, ..
+                    } => {
+                        limit("member bucket numbers", buckets.len(), MEMBER_BUCKETS)?;
+                        limit("members", members.len(), MAX_MEMBERS_PER_MESSAGE)?;
                     }
                     AntiEntropy::BucketHeads {
                         buckets, owners, ..

@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use mesh_support::{addr, config, Cluster};
-use shoal_mesh::messages::{AntiEntropy, Graft, Prune, RecordPush, StreamMessage};
+use shoal_mesh::messages::{
+    AntiEntropy, Graft, Prune, RecordPush, StreamMessage, MAX_MEMBERS_PER_MESSAGE,
+};
 use shoal_mesh::MeshTimer;
 use shoal_mesh::{Channel, Command, MeshEvent};
 use shoal_proto::envelope::{MessageKind, MAGIC, PROTOCOL_VERSION};
@@ -46,6 +48,14 @@ fn malformed_oversized_and_wrong_kind_stream_messages_are_counted_and_change_not
     let over_limit_digest = StreamMessage::AntiEntropy(AntiEntropy::Digest {
         regions: Vec::new(),
         buckets: vec![0; 33],
+        members: Vec::new(),
+        reply: true,
+    })
+    .encode(max)
+    .unwrap();
+    let over_limit_members = StreamMessage::AntiEntropy(AntiEntropy::Members {
+        buckets: vec![0],
+        members: vec![mesh_support::identity(1); MAX_MEMBERS_PER_MESSAGE + 1],
         reply: true,
     })
     .encode(max)
@@ -74,6 +84,7 @@ fn malformed_oversized_and_wrong_kind_stream_messages_are_counted_and_change_not
         ("trailing", trailing),
         ("over_limit", over_limit_push),
         ("over_limit", over_limit_digest),
+        ("over_limit", over_limit_members),
     ];
 
     let m = &mut c.nodes[0].mesh;

@@ -1582,8 +1582,14 @@ impl Harness for ShoalHarness {
                     .seen_ms
                     .iter()
                     .enumerate()
+                    .filter(|(_, s)| **s != u64::MAX)
                     .map(|(i, s)| (s.saturating_sub(t.committed_ms), i as u32))
                     .collect();
+                let died: Vec<Option<u64>> = v[v.len().saturating_sub(8)..]
+                    .iter()
+                    .map(|(_, i)| obs.deaths.get(i).map(|d| d.at_ms))
+                    .collect();
+                eprintln!("  death of the slowest: {died:?}");
                 v.sort();
                 eprintln!(
                     "drain commit {} marker {:?}: {:?}",
@@ -1776,6 +1782,11 @@ impl Harness for ShoalHarness {
                     m.membership().counters().rejected_decode,
                 ),
                 ("membership_rejoins", m.membership().counters().rejoins),
+                (
+                    "members_learned_by_push_pull",
+                    m.membership().counters().members_learned,
+                ),
+                ("push_pull_lists_sent", m.counters().push_pull_lists_sent),
                 ("eager_links", m.peer_sets().0 as u64),
                 ("lazy_links", m.peer_sets().1 as u64),
                 ("members_known", m.membership().num_members() as u64),

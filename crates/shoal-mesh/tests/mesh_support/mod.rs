@@ -213,11 +213,17 @@ impl Cluster {
         let members: Vec<MemberId> = (0..n).map(identity).collect();
         for i in 0..n {
             let others = members.iter().filter(|m| m.addr != addr(i)).cloned();
-            c.nodes[i].mesh.bootstrap(0, others.collect());
-            c.drain(i);
+            c.bootstrap(i, others.collect());
         }
         c.run_for(warm_up_ms);
         c
+    }
+
+    /// Seeds node `i`'s membership with `members` ([`Mesh::bootstrap`]) at the current time.
+    pub fn bootstrap(&mut self, i: usize, members: Vec<MemberId>) {
+        let now = self.now;
+        self.nodes[i].mesh.bootstrap(now, members);
+        self.drain(i);
     }
 
     /// Adds a fresh (empty, unconnected) mesh; returns its index.
