@@ -38,7 +38,8 @@
 //! pings are answered with `TurnUndead` by members it still sees as active, and once it is idle
 //! it re-announces to its seeds every [`MembershipConfig::join_retry_ms`].
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::hash::{BuildHasherDefault, DefaultHasher};
 use std::net::SocketAddr;
 use std::num::{NonZeroU8, NonZeroUsize};
 use std::time::Duration;
@@ -61,6 +62,14 @@ const PARTITION_DOWN_DIVISOR: usize = 5;
 
 /// How long, ms, a partition verdict keeps `TurnUndead` from down members trusted.
 const PARTITION_GRACE_MS: u64 = 120_000;
+
+/// How long, ms, a piggybacked update is remembered as applied so that its repeats skip foca.
+/// Repeats arrive within a few gossip rounds (`max_transmissions` sends per member that
+/// learns it, every 200 ms); 10 s covers them with room to spare.
+const APPLIED_UPDATES_WINDOW_MS: u64 = 10_000;
+
+/// Bound on remembered applied updates (8-byte keys); the oldest are forgotten first.
+const MAX_APPLIED_UPDATES: usize = 65_536;
 
 /// Number of buckets the member set is hashed into for push-pull comparison
 /// ([`Membership::member_buckets`]). A crash or a join changes one bucket, so peers exchange
@@ -429,6 +438,9 @@ pub struct MembershipCounters {
     /// Suspect-to-down decisions postponed because this member was degraded (its timers ran
     /// late): Lifeguard-style local health.
     pub downs_postponed: u64,
+    /// Piggybacked SWIM updates dropped before foca because this member had applied the very
+    /// same update moments before (see [`Membership::handle_datagram`]).
+    pub updates_deduplicated: u64,
     /// Identities learned from a peer's member list (push-pull, [`Membership::learn_members`])
     /// that rumour mongering had not brought us.
     pub members_learned: u64,
@@ -480,6 +492,12 @@ pub struct Membership {
     member_buckets: [u64; MEMBER_BUCKETS],
     /// Nodes last seen going down, with the time they went down (ms).
     down: BTreeMap<NodeId, (MemberId, u64)>,
+    /// Hashes of piggybacked updates applied in the last [`APPLIED_UPDATES_WINDOW_MS`], with
+    /// their arrival order for expiry (fixed hasher: no OS randomness in the core).
+    applied: HashSet<u64, BuildHasherDefault<DefaultHasher>>,
+    applied_order: VecDeque<(u64, u64)>,
+    /// `active` by address, for the per-datagram sender check of `drop_applied_updates`.
+    active_by_addr: HashMap<SocketAddr, MemberId, BuildHasherDefault<DefaultHasher>>,
     /// Identities to declare down in foca after the current drain (node-level conflicts).
     declare_down: Vec<MemberId>,
     transmits: VecDeque<(SocketAddr, Vec<u8>)>,
@@ -543,6 +561,9 @@ impl Membership {
             seeds: Vec::new(),
             active: BTreeMap::new(),
             member_buckets: [0; MEMBER_BUCKETS],
+            applied: HashSet::default(),
+            applied_order: VecDeque::new(),
+            active_by_addr: HashMap::default(),
             down: BTreeMap::new(),
             declare_down: Vec::new(),
             transmits: VecDeque::new(),
@@ -597,8 +618,8 @@ impl Membership {
                 return;
             }
         };
-        let header = match postcard::take_from_bytes::<foca::Header<MemberId>>(body) {
-            Ok((header, _)) => header,
+        let (header, header_len) = match postcard::take_from_bytes::<foca::Header<MemberId>>(body) {
+            Ok((header, rest)) => (header, body.len() - rest.len()),
             Err(_) => {
                 self.counters.rejected_foca += 1;
                 return;
@@ -613,10 +634,84 @@ impl Membership {
             self.counters.ignored_turn_undead += 1;
             return;
         }
+        let filtered = self.drop_applied_updates(now_ms, &header, body, header_len);
+        let body = filtered.as_deref().unwrap_or(body);
         if self.foca.handle_data(body, &mut self.runtime).is_err() {
             self.counters.rejected_foca += 1;
         }
         self.drain(now_ms);
+    }
+
+    /// Drops from a SWIM payload the piggybacked updates this member already applied in the
+    /// last [`APPLIED_UPDATES_WINDOW_MS`]; `None` when nothing is dropped (pass `body` as is).
+    ///
+    /// SWIM dissemination is infection-style: every update reaches each member about
+    /// `max_transmissions` times, and foca finds the member an update is about by a linear scan
+    /// of its member list, so at 1,667 members the repeats cost most of a member's CPU when
+    /// membership churns (a CPU-stalled peer is suspected and refutes every second). Applying an
+    /// update twice is a no-op (a member's state only moves forward in (incarnation, state)
+    /// order), so a repeat can be dropped before foca sees it. Only payloads foca would apply
+    /// are filtered and remembered: addressed to our identity, from the identity we hold active.
+    /// Updates about our own address are never dropped.
+    fn drop_applied_updates(
+        &mut self,
+        now_ms: u64,
+        header: &foca::Header<MemberId>,
+        body: &[u8],
+        header_len: usize,
+    ) -> Option<Vec<u8>> {
+        if header.dst != self.identity
+            || header.message == Message::Broadcast
+            || header.message == Message::Announce
+            || self.active_by_addr.get(&header.src.addr) != Some(&header.src)
+        {
+            return None;
+        }
+        let count = body.get(header_len..header_len + 2)?;
+        let count = u16::from_be_bytes([count[0], count[1]]);
+        // First find every update's bytes; a payload that does not decode goes to foca whole
+        // (it refuses it) and nothing of it is remembered.
+        let mut ranges = Vec::with_capacity(usize::from(count));
+        let mut at = header_len + 2;
+        for _ in 0..count {
+            let (member, rest) = postcard::take_from_bytes::<RawMember<'_>>(&body[at..]).ok()?;
+            let end = body.len() - rest.len();
+            ranges.push((at, end, member.id.addr == self.identity.addr));
+            at = end;
+        }
+        while let Some(&(t, key)) = self.applied_order.front() {
+            let expired = t + APPLIED_UPDATES_WINDOW_MS <= now_ms;
+            if !expired && self.applied_order.len() < MAX_APPLIED_UPDATES {
+                break;
+            }
+            self.applied_order.pop_front();
+            self.applied.remove(&key);
+        }
+        let mut kept = Vec::with_capacity(ranges.len());
+        for (start, end, about_us) in ranges {
+            if about_us {
+                kept.push((start, end));
+                continue;
+            }
+            let key = fnv1a(&body[start..end], FNV_OFFSET);
+            if self.applied.insert(key) {
+                self.applied_order.push_back((now_ms, key));
+                kept.push((start, end));
+            }
+        }
+        let dropped = usize::from(count) - kept.len();
+        if dropped == 0 {
+            return None;
+        }
+        self.counters.updates_deduplicated += dropped as u64;
+        let mut out = Vec::with_capacity(body.len());
+        out.extend_from_slice(&body[..header_len]);
+        out.extend_from_slice(&(kept.len() as u16).to_be_bytes());
+        for (start, end) in kept {
+            out.extend_from_slice(&body[start..end]);
+        }
+        out.extend_from_slice(&body[at..]);
+        Some(out)
     }
 
     /// Delivers a timer previously yielded by [`Membership::poll_timer`], at or after its
@@ -992,6 +1087,9 @@ impl Membership {
         let mix = new.boot.0.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let rng = ChaCha8Rng::seed_from_u64(self.seed ^ mix);
         self.foca = Foca::new(new.clone(), self.foca_config.clone(), rng, PostcardCodec);
+        // The fresh instance has applied nothing yet.
+        self.applied.clear();
+        self.applied_order.clear();
         self.timer_epoch += 1;
         self.last_foca_token = None;
         let view: Vec<Member<MemberId>> =
@@ -1106,6 +1204,7 @@ impl Membership {
         self.down.remove(&id.node);
         self.member_buckets[member_bucket(&id.node)] ^= member_fingerprint(&id);
         self.active.insert(id.node.clone(), id.clone());
+        self.active_by_addr.insert(id.addr, id.clone());
         self.push_event(MembershipEvent::Up(id));
     }
 
@@ -1114,6 +1213,9 @@ impl Membership {
             return;
         }
         self.active.remove(&id.node);
+        if self.active_by_addr.get(&id.addr) == Some(id) {
+            self.active_by_addr.remove(&id.addr);
+        }
         self.member_buckets[member_bucket(&id.node)] ^= member_fingerprint(id);
         if self.down.len() >= self.config.max_tracked_down {
             let oldest = self
@@ -1129,6 +1231,26 @@ impl Membership {
         self.down.insert(id.node.clone(), (id.clone(), now_ms));
         self.push_event(MembershipEvent::Down(id.clone()));
     }
+}
+
+/// The wire layout of `foca::Member<MemberId>` under foca's `PostcardCodec`, borrowed: finds
+/// an update's length and address without allocating (the `membership` unit tests check it
+/// against foca's own encoding).
+#[derive(Deserialize)]
+struct RawMember<'a> {
+    #[serde(borrow)]
+    id: RawMemberId<'a>,
+    _incarnation: foca::Incarnation,
+    /// `foca::State`, an enum: postcard writes its variant index as a varint.
+    _state: u32,
+}
+
+/// The wire layout of [`MemberId`], borrowed.
+#[derive(Deserialize)]
+struct RawMemberId<'a> {
+    _node: &'a str,
+    addr: SocketAddr,
+    _boot: u64,
 }
 
 /// Bucket of a node's identities in [`Membership::member_buckets`] (all identities of one node
@@ -1171,5 +1293,37 @@ fn foca_token(timer: &Timer<MemberId>) -> Option<u8> {
             Some(*token)
         }
         Timer::RemoveDown(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_member_reads_foca_encoded_updates_to_the_byte() {
+        let id = MemberId {
+            node: NodeId::new("node-17.zone-a").expect("valid"),
+            addr: "[2001:db8::7]:7946".parse().expect("addr"),
+            boot: Generation(300),
+        };
+        for member in [
+            Member::alive(id.clone()),
+            Member::new(id.clone(), 40_000, State::Suspect),
+            Member::down(MemberId {
+                addr: "10.1.2.3:7946".parse().expect("addr"),
+                ..id.clone()
+            }),
+        ] {
+            let mut bytes = Vec::new();
+            foca::Codec::encode_member(&mut PostcardCodec, &member, &mut bytes).expect("encodes");
+            bytes.extend_from_slice(&[0xAB, 0xCD]);
+            let (raw, rest) = postcard::take_from_bytes::<RawMember<'_>>(&bytes).expect("reads");
+            assert_eq!(rest, &[0xAB, 0xCD], "consumed exactly the update");
+            assert_eq!(raw.id.addr, member.id().addr);
+            assert_eq!(raw.id._node, member.id().node.as_str());
+            assert_eq!(raw.id._boot, member.id().boot.0);
+            assert_eq!(raw._incarnation, member.incarnation());
+        }
     }
 }

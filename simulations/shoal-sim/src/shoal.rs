@@ -1787,6 +1787,10 @@ impl Harness for ShoalHarness {
                     m.membership().counters().members_learned,
                 ),
                 ("push_pull_lists_sent", m.counters().push_pull_lists_sent),
+                (
+                    "swim_updates_deduplicated",
+                    m.membership().counters().updates_deduplicated,
+                ),
                 ("eager_links", m.peer_sets().0 as u64),
                 ("lazy_links", m.peer_sets().1 as u64),
                 ("members_known", m.membership().num_members() as u64),
