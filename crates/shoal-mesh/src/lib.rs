@@ -113,6 +113,7 @@
 //! assert!(view.endpoints[0].routable);
 //! ```
 
+mod cached_decode;
 pub mod membership;
 pub mod mesh;
 pub mod messages;

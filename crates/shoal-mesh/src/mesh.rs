@@ -39,12 +39,13 @@ use rand_chacha::ChaCha8Rng;
 use shoal_catalog::snapshot::{self, Snapshot, SnapshotScope};
 use shoal_catalog::view::Liveness;
 use shoal_catalog::{Catalog, DeltaError, MergeOutcome, OwnerHead, RegionHead, Verifier};
-use shoal_proto::envelope::{MessageKind, MAX_STREAM_MESSAGE_BYTES};
+use shoal_proto::envelope::{self, MessageKind, MAX_STREAM_MESSAGE_BYTES};
 use shoal_proto::{
     Generation, HealthRecord, HealthSeq, HealthStatus, InstanceId, LifecycleState, NodeId, Region,
     Revision, ServiceKey, SignedHealth, SignedLifecycle, SigningKey, TransitionReason, Zone,
 };
 
+use crate::cached_decode;
 use crate::membership::{MemberId, Membership, MembershipConfig, MembershipEvent, MembershipTimer};
 use crate::messages::{
     AntiEntropy, DeltaBody, Graft, IHave, Prune, RecordPush, StreamMessage, DIGEST_BUCKETS,
@@ -451,7 +452,11 @@ impl<V: Verifier> Mesh<V> {
     /// A stream message arrived from the peer listening at `from`. Bad input is counted in
     /// [`MeshCounters::rejected`] and ignored.
     pub fn handle_stream_message(&mut self, now_ms: u64, from: SocketAddr, bytes: &[u8]) {
-        match StreamMessage::decode(bytes, self.config.max_stream_message_bytes) {
+        let decoded = match self.decode_cached(bytes) {
+            Some(msg) => Ok(msg),
+            None => StreamMessage::decode(bytes, self.config.max_stream_message_bytes),
+        };
+        match decoded {
             Ok(msg) => {
                 let flow = &mut self.counters.stream_in[msg.kind() as usize];
                 flow.messages += 1;
@@ -461,6 +466,21 @@ impl<V: Verifier> Mesh<V> {
             Err(e) => *self.counters.rejected.entry(e.as_label()).or_default() += 1,
         }
         self.after_input(now_ms);
+    }
+
+    /// Decodes a record push through the verifier's cache of record encodings, if it keeps
+    /// one (see [`crate::cached_decode`]); `None` means "decode it the ordinary way", which
+    /// gives the same message or the same error.
+    fn decode_cached(&self, bytes: &[u8]) -> Option<StreamMessage> {
+        if !self.verifier.caches_encodings() {
+            return None;
+        }
+        match envelope::decode_header(bytes, self.config.max_stream_message_bytes) {
+            Ok((MessageKind::RecordPush, body)) => {
+                cached_decode::decode_push(body, &self.verifier).map(StreamMessage::Push)
+            }
+            _ => None,
+        }
     }
 
     /// A timer fired.

@@ -141,6 +141,37 @@ pub struct SimKeys {
     keyring: Keyring,
     lifecycle: RefCell<HashMap<SignatureBytes, Arc<SignedLifecycle>>>,
     health: RefCell<HashMap<SignatureBytes, Arc<SignedHealth>>>,
+    lifecycle_encodings: RefCell<Encodings<SignedLifecycle>>,
+    health_encodings: RefCell<Encodings<SignedHealth>>,
+}
+
+/// How many leading bytes of an encoding key [`Encodings`]. Every signed record is longer (its
+/// signature alone is 64 bytes, after the record), and the first 48 bytes already hold the
+/// service key, instance and generation, so a bucket rarely holds more than one encoding.
+const ENCODING_PREFIX: usize = 48;
+
+/// Record encodings seen by any simulated agent, with their decoded (shared) record: a push
+/// is decoded once per distinct record instead of once per receiving agent. Keyed by the
+/// first [`ENCODING_PREFIX`] bytes; a bucket lists whole encodings.
+type Encodings<T> = HashMap<[u8; ENCODING_PREFIX], Vec<(Box<[u8]>, Arc<T>)>>;
+
+fn find_encoding<T>(map: &Encodings<T>, input: &[u8]) -> Option<(Arc<T>, usize)> {
+    let prefix: &[u8; ENCODING_PREFIX] = input.get(..ENCODING_PREFIX)?.try_into().ok()?;
+    map.get(prefix)?
+        .iter()
+        .find(|(enc, _)| input.starts_with(enc))
+        .map(|(enc, rec)| (Arc::clone(rec), enc.len()))
+}
+
+fn add_encoding<T>(map: &mut Encodings<T>, encoding: &[u8], record: Arc<T>) {
+    let Some(prefix) = encoding.get(..ENCODING_PREFIX) else {
+        return;
+    };
+    let prefix: [u8; ENCODING_PREFIX] = prefix.try_into().expect("prefix length");
+    let bucket = map.entry(prefix).or_default();
+    if bucket.iter().all(|(enc, _)| **enc != *encoding) {
+        bucket.push((encoding.into(), record));
+    }
 }
 
 /// Cheap handle to [`SimKeys`], the verifier every simulated mesh uses.
@@ -188,6 +219,32 @@ impl Verifier for SharedKeys {
             Some(c) if **c == *record => Arc::clone(c),
             _ => record,
         }
+    }
+
+    fn caches_encodings(&self) -> bool {
+        true
+    }
+
+    fn encoded_lifecycle(&self, input: &[u8]) -> Option<(Arc<SignedLifecycle>, usize)> {
+        find_encoding(&self.0.lifecycle_encodings.borrow(), input)
+    }
+
+    fn remember_lifecycle_encoding(&self, encoding: &[u8], record: &Arc<SignedLifecycle>) {
+        let record = self.intern_lifecycle(Arc::clone(record));
+        add_encoding(
+            &mut self.0.lifecycle_encodings.borrow_mut(),
+            encoding,
+            record,
+        );
+    }
+
+    fn encoded_health(&self, input: &[u8]) -> Option<(Arc<SignedHealth>, usize)> {
+        find_encoding(&self.0.health_encodings.borrow(), input)
+    }
+
+    fn remember_health_encoding(&self, encoding: &[u8], record: &Arc<SignedHealth>) {
+        let record = self.intern_health(Arc::clone(record));
+        add_encoding(&mut self.0.health_encodings.borrow_mut(), encoding, record);
     }
 }
 
