@@ -630,7 +630,13 @@ impl<V: Verifier> Mesh<V> {
     }
 
     fn send(&mut self, to: SocketAddr, msg: &StreamMessage) {
-        let Some(bytes) = msg.encode(self.config.max_stream_message_bytes) else {
+        let bytes = msg.encode(self.config.max_stream_message_bytes);
+        self.send_encoded(to, msg.kind(), bytes);
+    }
+
+    /// [`Mesh::send`] of a message already encoded (`None`: it did not fit).
+    fn send_encoded(&mut self, to: SocketAddr, kind: MessageKind, bytes: Option<Vec<u8>>) {
+        let Some(bytes) = bytes else {
             self.counters.oversize += 1;
             return;
         };
@@ -638,7 +644,7 @@ impl<V: Verifier> Mesh<V> {
             self.counters.transmit_overflow += 1;
             return;
         }
-        let flow = &mut self.counters.stream_out[msg.kind() as usize];
+        let flow = &mut self.counters.stream_out[kind as usize];
         flow.messages += 1;
         flow.bytes += bytes.len() as u64;
         self.transmits.push_back(Transmit {
@@ -836,23 +842,43 @@ impl<V: Verifier> Mesh<V> {
         }
         let outbox = std::mem::take(&mut self.outbox);
         let peers: Vec<SocketAddr> = self.eager.iter().copied().collect();
+        // Every peer that sent us none of these records gets the same pushes: encode them once.
+        let mut to_all: Option<Vec<Option<Vec<u8>>>> = None;
         for peer in peers {
-            let mut push = RecordPush::default();
-            for o in outbox.iter().filter(|o| o.from != Some(peer)) {
-                if let Some(l) = &o.lifecycle {
-                    push.lifecycle.push(l.clone());
-                }
-                if let Some(h) = &o.health {
-                    push.health.push(h.clone());
-                }
-                if push.lifecycle.len() + push.health.len() == MAX_RECORDS_PER_PUSH {
-                    self.send(peer, &StreamMessage::Push(std::mem::take(&mut push)));
-                }
-            }
-            if !push.lifecycle.is_empty() || !push.health.is_empty() {
-                self.send(peer, &StreamMessage::Push(push));
+            let encoded = if outbox.iter().any(|o| o.from == Some(peer)) {
+                self.encode_pushes(&outbox, Some(peer))
+            } else {
+                to_all
+                    .get_or_insert_with(|| self.encode_pushes(&outbox, None))
+                    .clone()
+            };
+            for bytes in encoded {
+                self.send_encoded(peer, MessageKind::RecordPush, bytes);
             }
         }
+    }
+
+    /// The outbox as encoded pushes of at most [`MAX_RECORDS_PER_PUSH`] records each, leaving
+    /// out the records that came from `peer` (`None`: an encoding that did not fit).
+    fn encode_pushes(&self, outbox: &[Outgoing], peer: Option<SocketAddr>) -> Vec<Option<Vec<u8>>> {
+        let max_bytes = self.config.max_stream_message_bytes;
+        let mut out = Vec::new();
+        let mut push = RecordPush::default();
+        for o in outbox.iter().filter(|o| peer.is_none() || o.from != peer) {
+            if let Some(l) = &o.lifecycle {
+                push.lifecycle.push(l.clone());
+            }
+            if let Some(h) = &o.health {
+                push.health.push(h.clone());
+            }
+            if push.lifecycle.len() + push.health.len() == MAX_RECORDS_PER_PUSH {
+                out.push(StreamMessage::Push(std::mem::take(&mut push)).encode(max_bytes));
+            }
+        }
+        if !push.lifecycle.is_empty() || !push.health.is_empty() {
+            out.push(StreamMessage::Push(push).encode(max_bytes));
+        }
+        out
     }
 
     fn on_stream(&mut self, now_ms: u64, from: SocketAddr, msg: StreamMessage) {
