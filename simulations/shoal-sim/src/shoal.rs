@@ -48,7 +48,7 @@ use crate::report::{Check, Distribution, Report};
 use crate::rng::{Purpose, SimRng};
 use crate::runner::Harness;
 use crate::scenario::{CountDist, CrashKind, FaultAction, Scenario, TimedFault};
-use crate::world::World;
+use crate::world::{U64Map, World};
 
 /// `[shoal]`: settings of the shoal layer.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -256,7 +256,7 @@ impl Verifier for SharedKeys {
 pub struct ShoalNode {
     index: u32,
     mesh: Mesh<SharedKeys>,
-    timers: HashMap<u64, MeshTimer>,
+    timers: U64Map<MeshTimer>,
     next_token: u64,
     observer: Rc<RefCell<Observer>>,
 }
@@ -1526,7 +1526,7 @@ impl Harness for ShoalHarness {
         let mut node = ShoalNode {
             index: ctx.index,
             mesh,
-            timers: HashMap::new(),
+            timers: U64Map::default(),
             next_token: 0,
             observer: Rc::clone(&self.observer),
         };
