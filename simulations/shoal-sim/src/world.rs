@@ -148,11 +148,10 @@ fn bump(series: &mut Vec<u64>, now_us: u64) {
     series[b] += 1;
 }
 
-/// Deterministic hasher for the (from, to) stream-order table and the nodes' timer-token tables
-/// (splitmix64 finish). The tables are only looked up, never iterated, but a fixed hasher keeps
-/// even their memory layout seed-stable, and hashing one `u64` costs a few instructions.
+/// Deterministic hasher for the (from, to) stream-order table (splitmix64 finish). The table is
+/// only looked up, never iterated, but a fixed hasher keeps even its memory layout seed-stable.
 #[derive(Default, Clone, Copy)]
-pub(crate) struct PairHasher(u64);
+struct PairHasher(u64);
 
 impl Hasher for PairHasher {
     fn write(&mut self, bytes: &[u8]) {
@@ -172,8 +171,6 @@ impl Hasher for PairHasher {
 }
 
 type PairMap = HashMap<u64, u64, BuildHasherDefault<PairHasher>>;
-/// A `u64`-keyed map hashed with [`PairHasher`].
-pub(crate) type U64Map<V> = HashMap<u64, V, BuildHasherDefault<PairHasher>>;
 
 /// Everything except the nodes themselves, so routing can borrow it while a node is borrowed.
 struct Core {
