@@ -62,6 +62,22 @@ pub trait Verifier {
 
     /// As [`Verifier::remember_lifecycle_encoding`], for health records.
     fn remember_health_encoding(&self, _encoding: &[u8], _record: &Arc<SignedHealth>) {}
+
+    /// Appends a remembered encoding of this very `record` (the same `Arc`, as handed out
+    /// by [`Verifier::encoded_lifecycle`] or [`Verifier::intern_lifecycle`]) to `out`; `false`
+    /// when none is remembered, and the caller then serializes the record itself.
+    fn append_lifecycle_encoding(
+        &self,
+        _record: &Arc<SignedLifecycle>,
+        _out: &mut Vec<u8>,
+    ) -> bool {
+        false
+    }
+
+    /// As [`Verifier::append_lifecycle_encoding`], for health records.
+    fn append_health_encoding(&self, _record: &Arc<SignedHealth>, _out: &mut Vec<u8>) -> bool {
+        false
+    }
 }
 
 /// Trusted keys: authority keys per region (two during a rotation overlap) and node keys.

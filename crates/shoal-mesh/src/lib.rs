@@ -113,10 +113,10 @@
 //! assert!(view.endpoints[0].routable);
 //! ```
 
-mod cached_decode;
 pub mod membership;
 pub mod mesh;
 pub mod messages;
+mod record_codec;
 
 pub use membership::{MemberId, Membership, MembershipConfig, MembershipEvent};
 pub use mesh::{Channel, Command, Mesh, MeshConfig, MeshCounters, MeshEvent, MeshTimer, Transmit};

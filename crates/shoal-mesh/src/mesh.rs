@@ -45,12 +45,12 @@ use shoal_proto::{
     Revision, ServiceKey, SignedHealth, SignedLifecycle, SigningKey, TransitionReason, Zone,
 };
 
-use crate::cached_decode;
 use crate::membership::{MemberId, Membership, MembershipConfig, MembershipEvent, MembershipTimer};
 use crate::messages::{
     AntiEntropy, DeltaBody, Graft, IHave, Prune, RecordPush, StreamMessage, DIGEST_BUCKETS,
     MAX_RECORDS_PER_DELTA, MAX_RECORDS_PER_PUSH,
 };
+use crate::record_codec;
 
 /// Tuning of dissemination and anti-entropy. Durations in ms of the driver's monotonic clock.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -469,7 +469,7 @@ impl<V: Verifier> Mesh<V> {
     }
 
     /// Decodes a record push through the verifier's cache of record encodings, if it keeps
-    /// one (see [`crate::cached_decode`]); `None` means "decode it the ordinary way", which
+    /// one (see [`crate::record_codec`]); `None` means "decode it the ordinary way", which
     /// gives the same message or the same error.
     fn decode_cached(&self, bytes: &[u8]) -> Option<StreamMessage> {
         if !self.verifier.caches_encodings() {
@@ -477,7 +477,7 @@ impl<V: Verifier> Mesh<V> {
         }
         match envelope::decode_header(bytes, self.config.max_stream_message_bytes) {
             Ok((MessageKind::RecordPush, body)) => {
-                cached_decode::decode_push(body, &self.verifier).map(StreamMessage::Push)
+                record_codec::decode_push(body, &self.verifier).map(StreamMessage::Push)
             }
             _ => None,
         }
@@ -872,13 +872,23 @@ impl<V: Verifier> Mesh<V> {
                 push.health.push(h.clone());
             }
             if push.lifecycle.len() + push.health.len() == MAX_RECORDS_PER_PUSH {
-                out.push(StreamMessage::Push(std::mem::take(&mut push)).encode(max_bytes));
+                out.push(self.encode_push(std::mem::take(&mut push), max_bytes));
             }
         }
         if !push.lifecycle.is_empty() || !push.health.is_empty() {
-            out.push(StreamMessage::Push(push).encode(max_bytes));
+            out.push(self.encode_push(push, max_bytes));
         }
         out
+    }
+
+    /// One push, encoded through the verifier's record encodings where it keeps them (the
+    /// same bytes either way).
+    fn encode_push(&self, push: RecordPush, max_bytes: usize) -> Option<Vec<u8>> {
+        if self.verifier.caches_encodings() {
+            record_codec::encode_push(&push, &self.verifier, max_bytes)
+        } else {
+            StreamMessage::Push(push).encode(max_bytes)
+        }
     }
 
     fn on_stream(&mut self, now_ms: u64, from: SocketAddr, msg: StreamMessage) {

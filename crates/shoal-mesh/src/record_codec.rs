@@ -1,4 +1,4 @@
-//! Decoding record pushes through the verifier's cache of record encodings.
+//! Decoding and encoding record pushes through the verifier's cache of record encodings.
 //!
 //! Every agent of a region receives every record of its region, usually more than once. Where
 //! the verifier remembers record encodings ([`Verifier::caches_encodings`], the simulator's),
@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use shoal_catalog::Verifier;
+use shoal_proto::envelope::{self, MessageKind};
 
 use crate::messages::{RecordPush, MAX_RECORDS_PER_PUSH};
 
@@ -54,6 +55,33 @@ pub(crate) fn decode_push<V: Verifier>(body: &[u8], cache: &V) -> Option<RecordP
         return None;
     }
     Some(RecordPush { lifecycle, health })
+}
+
+/// Encodes `push` as [`StreamMessage::encode`](crate::messages::StreamMessage::encode) would
+/// (header, then the postcard body), copying each record's encoding from `cache` where it
+/// remembers one and serializing the others. `None` when longer than `max_bytes`.
+pub(crate) fn encode_push<V: Verifier>(
+    push: &RecordPush,
+    cache: &V,
+    max_bytes: usize,
+) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(64);
+    out.extend_from_slice(&envelope::MAGIC);
+    out.push(envelope::PROTOCOL_VERSION);
+    out.push(MessageKind::RecordPush as u8);
+    out = postcard::to_extend(&push.lifecycle.len(), out).expect("a length serialises");
+    for rec in &push.lifecycle {
+        if !cache.append_lifecycle_encoding(rec, &mut out) {
+            out = postcard::to_extend(&**rec, out).expect("plain data always serialises");
+        }
+    }
+    out = postcard::to_extend(&push.health.len(), out).expect("a length serialises");
+    for rec in &push.health {
+        if !cache.append_health_encoding(rec, &mut out) {
+            out = postcard::to_extend(&**rec, out).expect("plain data always serialises");
+        }
+    }
+    (out.len() <= max_bytes).then_some(out)
 }
 
 /// Takes a sequence length (a postcard varint) off the front of `input`. Only the canonical
@@ -146,6 +174,20 @@ mod tests {
                 .borrow_mut()
                 .push((enc.to_vec(), Arc::clone(rec)));
         }
+        fn append_lifecycle_encoding(&self, rec: &Arc<SignedLifecycle>, out: &mut Vec<u8>) -> bool {
+            let list = self.lifecycle.borrow();
+            let found = list.iter().find(|(_, r)| Arc::ptr_eq(r, rec));
+            found
+                .inspect(|(enc, _)| out.extend_from_slice(enc))
+                .is_some()
+        }
+        fn append_health_encoding(&self, rec: &Arc<SignedHealth>, out: &mut Vec<u8>) -> bool {
+            let list = self.health.borrow();
+            let found = list.iter().find(|(_, r)| Arc::ptr_eq(r, rec));
+            found
+                .inspect(|(enc, _)| out.extend_from_slice(enc))
+                .is_some()
+        }
     }
 
     fn push(f: &Fixture, n: u64) -> RecordPush {
@@ -180,6 +222,27 @@ mod tests {
             decode_push(&body(&RecordPush::default()), &cache),
             Some(RecordPush::default())
         );
+    }
+
+    #[test]
+    fn encodes_what_the_plain_encoder_encodes_with_and_without_remembered_records() {
+        let f = Fixture::new();
+        let cache = Cache::default();
+        let p = push(&f, 3);
+        let plain = StreamMessage::Push(p.clone()).encode(usize::MAX).unwrap();
+        assert_eq!(encode_push(&p, &cache, usize::MAX), Some(plain.clone()));
+        // The decoded copy's records are the remembered ones: their bytes are copied.
+        let decoded = decode_push(&plain[HEADER_BYTES..], &cache).unwrap();
+        let mut partly = decoded.clone();
+        partly
+            .lifecycle
+            .push(Arc::new(f.lifecycle("new", 1, 9, LifecycleState::Ready)));
+        for q in [decoded, partly] {
+            let plain = StreamMessage::Push(q.clone()).encode(usize::MAX).unwrap();
+            assert_eq!(encode_push(&q, &cache, usize::MAX), Some(plain.clone()));
+            assert_eq!(encode_push(&q, &cache, plain.len()), Some(plain.clone()));
+            assert_eq!(encode_push(&q, &cache, plain.len() - 1), None);
+        }
     }
 
     #[test]
