@@ -170,8 +170,11 @@ struct RegionState {
 struct OwnerState {
     head: ChainHead,
     /// Current health record of every held entry of this owner, by (boot, seq).
-    by_seq: OrdMap<(Generation, HealthSeq), Arc<SignedHealth>>,
+    by_seq: HealthBySeq,
 }
+
+/// An owner's health records by (boot, seq).
+type HealthBySeq = OrdMap<(Generation, HealthSeq), Arc<SignedHealth>>;
 
 /// Head of one region's authority chain, as exchanged in anti-entropy and stored in snapshots.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -304,6 +307,30 @@ pub struct Catalog {
     max_entries: usize,
     index: u64,
     counters: MergeCounters,
+}
+
+/// Walks two maps with sorted keys side by side and collects `(key, x)` for every key of
+/// `mine` also in `theirs` where `f(mine_value, theirs_value)` gives `Some(x)`, in key order.
+/// One pass over both, instead of one lookup in `theirs` per key of `mine`.
+fn matching<K: Ord + Clone, V: Clone, X>(
+    mine: &OrdMap<K, V>,
+    theirs: &OrdMap<K, V>,
+    mut f: impl FnMut(&V, &V) -> Option<X>,
+) -> Vec<(K, X)> {
+    let mut out = Vec::new();
+    let mut theirs = theirs.iter().peekable();
+    for (k, v) in mine {
+        while theirs.next_if(|(tk, _)| *tk < k).is_some() {}
+        let Some((tk, tv)) = theirs.peek() else {
+            break;
+        };
+        if *tk == k {
+            if let Some(x) = f(v, tv) {
+                out.push((k.clone(), x));
+            }
+        }
+    }
+    out
 }
 
 impl Default for Catalog {
@@ -1034,34 +1061,20 @@ impl Catalog {
     /// simulator's agents of one region). Cost: one comparison per map that is not already
     /// shared. Returns how many maps were swapped.
     pub fn share_equal_maps(&mut self, other: &Catalog) -> usize {
-        let services: Vec<ServiceKey> = self
-            .services
-            .iter()
-            .filter(|(k, s)| {
-                other.services.get(*k).is_some_and(|o| {
-                    !s.instances.ptr_eq(&o.instances) && s.instances == o.instances
-                })
-            })
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in &services {
-            let shared = other.services[k].instances.clone();
-            self.services.get_mut(k).expect("listed").instances = shared;
+        // Both key sets are sorted: walk them side by side instead of looking each key up.
+        let services: Vec<(ServiceKey, OrdMap<InstanceId, Entry>)> =
+            matching(&self.services, &other.services, |s, o| {
+                (!s.instances.ptr_eq(&o.instances) && s.instances == o.instances)
+                    .then(|| o.instances.clone())
+            });
+        for (k, shared) in &services {
+            self.services.get_mut(k).expect("listed").instances = shared.clone();
         }
-        let owners: Vec<NodeId> = self
-            .owners
-            .iter()
-            .filter(|(n, s)| {
-                other
-                    .owners
-                    .get(*n)
-                    .is_some_and(|o| !s.by_seq.ptr_eq(&o.by_seq) && s.by_seq == o.by_seq)
-            })
-            .map(|(n, _)| n.clone())
-            .collect();
-        for n in &owners {
-            let shared = other.owners[n].by_seq.clone();
-            self.owners.get_mut(n).expect("listed").by_seq = shared;
+        let owners: Vec<(NodeId, HealthBySeq)> = matching(&self.owners, &other.owners, |s, o| {
+            (!s.by_seq.ptr_eq(&o.by_seq) && s.by_seq == o.by_seq).then(|| o.by_seq.clone())
+        });
+        for (n, shared) in &owners {
+            self.owners.get_mut(n).expect("listed").by_seq = shared.clone();
         }
         let regions: Vec<Region> = self
             .regions

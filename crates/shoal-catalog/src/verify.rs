@@ -35,6 +35,49 @@ pub trait Verifier {
     fn intern_health(&self, record: Arc<SignedHealth>) -> Arc<SignedHealth> {
         record
     }
+
+    /// Whether this verifier keeps a cache of record encodings
+    /// ([`Verifier::encoded_lifecycle`] and friends). The default does not, and a receiver then
+    /// decodes every record it receives. A simulator, where every agent receives every record
+    /// of its region, keeps one so each distinct record is decoded once, not once per agent.
+    fn caches_encodings(&self) -> bool {
+        false
+    }
+
+    /// Looks for a remembered encoding that is a prefix of `input` and returns its record and
+    /// length. A record's postcard encoding is self-delimiting and decoding reads it front to
+    /// back without looking ahead, so any input that starts with an encoding that once decoded
+    /// to `record` (consuming all of it) decodes to `record` again, consuming the same bytes.
+    fn encoded_lifecycle(&self, _input: &[u8]) -> Option<(Arc<SignedLifecycle>, usize)> {
+        None
+    }
+
+    /// Remembers that `encoding` decoded to `record`, consuming every byte of it.
+    fn remember_lifecycle_encoding(&self, _encoding: &[u8], _record: &Arc<SignedLifecycle>) {}
+
+    /// As [`Verifier::encoded_lifecycle`], for health records.
+    fn encoded_health(&self, _input: &[u8]) -> Option<(Arc<SignedHealth>, usize)> {
+        None
+    }
+
+    /// As [`Verifier::remember_lifecycle_encoding`], for health records.
+    fn remember_health_encoding(&self, _encoding: &[u8], _record: &Arc<SignedHealth>) {}
+
+    /// Appends a remembered encoding of this very `record` (the same `Arc`, as handed out
+    /// by [`Verifier::encoded_lifecycle`] or [`Verifier::intern_lifecycle`]) to `out`; `false`
+    /// when none is remembered, and the caller then serializes the record itself.
+    fn append_lifecycle_encoding(
+        &self,
+        _record: &Arc<SignedLifecycle>,
+        _out: &mut Vec<u8>,
+    ) -> bool {
+        false
+    }
+
+    /// As [`Verifier::append_lifecycle_encoding`], for health records.
+    fn append_health_encoding(&self, _record: &Arc<SignedHealth>, _out: &mut Vec<u8>) -> bool {
+        false
+    }
 }
 
 /// Trusted keys: authority keys per region (two during a rotation overlap) and node keys.

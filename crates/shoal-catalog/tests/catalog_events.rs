@@ -13,7 +13,7 @@ use shoal_catalog::view::{self, AllAlive, EndpointState, Liveness};
 use shoal_catalog::{Catalog, DeltaError, Gap, Keyring, MergeCounters, MergeOutcome, RegionHead};
 use shoal_proto::{
     Generation, HealthSeq, HealthStatus, InstanceId, LifecycleState, NodeId, Region, Revision,
-    SignatureError, SignedHealth, SignedLifecycle, SigningKey,
+    ServiceKey, SignatureError, SignedHealth, SignedLifecycle, SigningKey,
 };
 
 use HealthStatus::{Failing, Passing};
@@ -1123,6 +1123,42 @@ fn share_equal_maps_swaps_only_equal_maps_and_changes_nothing_visible() {
     assert_eq!(x.share_equal_maps(&y), 0);
     assert_eq!(x, before);
     assert_eq!(held_life(&x, &fx, "a").record.state, Ready);
+}
+
+#[test]
+fn share_equal_maps_matches_services_present_in_both_catalogs_only() {
+    let fx = Fixture::new();
+    let rec = |svc: &str, rev: u64, state| {
+        let key: ServiceKey = format!("prod/{svc}/http").parse().unwrap();
+        Arc::new(fx.lifecycle_for(&key, "i", 0, 1, rev, state))
+    };
+    let mut x = Catalog::new();
+    let mut y = Catalog::new();
+    // x: s1 s2 s3 s5; y: s0 s1 s3 s4 s5, with s5 different. Equal in both: s1 and s3.
+    seed(
+        &mut x,
+        &fx,
+        &[
+            rec("s1", 1, Ready),
+            rec("s2", 2, Ready),
+            rec("s3", 3, Ready),
+        ],
+    );
+    seed(&mut x, &fx, &[rec("s5", 5, Ready)]);
+    seed(
+        &mut y,
+        &fx,
+        &[
+            rec("s0", 6, Ready),
+            rec("s1", 1, Ready),
+            rec("s3", 3, Ready),
+        ],
+    );
+    seed(&mut y, &fx, &[rec("s4", 4, Ready), rec("s5", 7, Draining)]);
+    let before = x.clone();
+    assert_eq!(x.share_equal_maps(&y), 2);
+    assert_eq!(x, before);
+    assert_eq!(x.share_equal_maps(&y), 0, "already shared");
 }
 
 #[test]

@@ -116,6 +116,7 @@
 pub mod membership;
 pub mod mesh;
 pub mod messages;
+mod record_codec;
 
 pub use membership::{MemberId, Membership, MembershipConfig, MembershipEvent};
 pub use mesh::{Channel, Command, Mesh, MeshConfig, MeshCounters, MeshEvent, MeshTimer, Transmit};

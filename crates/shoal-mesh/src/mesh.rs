@@ -39,7 +39,7 @@ use rand_chacha::ChaCha8Rng;
 use shoal_catalog::snapshot::{self, Snapshot, SnapshotScope};
 use shoal_catalog::view::Liveness;
 use shoal_catalog::{Catalog, DeltaError, MergeOutcome, OwnerHead, RegionHead, Verifier};
-use shoal_proto::envelope::{MessageKind, MAX_STREAM_MESSAGE_BYTES};
+use shoal_proto::envelope::{self, MessageKind, MAX_STREAM_MESSAGE_BYTES};
 use shoal_proto::{
     Generation, HealthRecord, HealthSeq, HealthStatus, InstanceId, LifecycleState, NodeId, Region,
     Revision, ServiceKey, SignedHealth, SignedLifecycle, SigningKey, TransitionReason, Zone,
@@ -52,6 +52,7 @@ use crate::messages::{
     AntiEntropy, DeltaBody, Graft, IHave, Prune, RecordPush, StreamMessage, DIGEST_BUCKETS,
     MAX_MEMBERS_PER_MESSAGE, MAX_RECORDS_PER_DELTA, MAX_RECORDS_PER_PUSH,
 };
+use crate::record_codec;
 
 /// Tuning of dissemination and anti-entropy. Durations in ms of the driver's monotonic clock.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -465,7 +466,11 @@ impl<V: Verifier> Mesh<V> {
     /// A stream message arrived from the peer listening at `from`. Bad input is counted in
     /// [`MeshCounters::rejected`] and ignored.
     pub fn handle_stream_message(&mut self, now_ms: u64, from: SocketAddr, bytes: &[u8]) {
-        match StreamMessage::decode(bytes, self.config.max_stream_message_bytes) {
+        let decoded = match self.decode_cached(bytes) {
+            Some(msg) => Ok(msg),
+            None => StreamMessage::decode(bytes, self.config.max_stream_message_bytes),
+        };
+        match decoded {
             Ok(msg) => {
                 let flow = &mut self.counters.stream_in[msg.kind() as usize];
                 flow.messages += 1;
@@ -475,6 +480,21 @@ impl<V: Verifier> Mesh<V> {
             Err(e) => *self.counters.rejected.entry(e.as_label()).or_default() += 1,
         }
         self.after_input(now_ms);
+    }
+
+    /// Decodes a record push through the verifier's cache of record encodings, if it keeps
+    /// one (see [`crate::record_codec`]); `None` means "decode it the ordinary way", which
+    /// gives the same message or the same error.
+    fn decode_cached(&self, bytes: &[u8]) -> Option<StreamMessage> {
+        if !self.verifier.caches_encodings() {
+            return None;
+        }
+        match envelope::decode_header(bytes, self.config.max_stream_message_bytes) {
+            Ok((MessageKind::RecordPush, body)) => {
+                record_codec::decode_push(body, &self.verifier).map(StreamMessage::Push)
+            }
+            _ => None,
+        }
     }
 
     /// A timer fired.
@@ -624,7 +644,13 @@ impl<V: Verifier> Mesh<V> {
     }
 
     fn send(&mut self, to: SocketAddr, msg: &StreamMessage) {
-        let Some(bytes) = msg.encode(self.config.max_stream_message_bytes) else {
+        let bytes = msg.encode(self.config.max_stream_message_bytes);
+        self.send_encoded(to, msg.kind(), bytes);
+    }
+
+    /// [`Mesh::send`] of a message already encoded (`None`: it did not fit).
+    fn send_encoded(&mut self, to: SocketAddr, kind: MessageKind, bytes: Option<Vec<u8>>) {
+        let Some(bytes) = bytes else {
             self.counters.oversize += 1;
             return;
         };
@@ -632,7 +658,7 @@ impl<V: Verifier> Mesh<V> {
             self.counters.transmit_overflow += 1;
             return;
         }
-        let flow = &mut self.counters.stream_out[msg.kind() as usize];
+        let flow = &mut self.counters.stream_out[kind as usize];
         flow.messages += 1;
         flow.bytes += bytes.len() as u64;
         self.transmits.push_back(Transmit {
@@ -830,22 +856,52 @@ impl<V: Verifier> Mesh<V> {
         }
         let outbox = std::mem::take(&mut self.outbox);
         let peers: Vec<SocketAddr> = self.eager.iter().copied().collect();
+        // Every peer that sent us none of these records gets the same pushes: encode them once.
+        let mut to_all: Option<Vec<Option<Vec<u8>>>> = None;
         for peer in peers {
-            let mut push = RecordPush::default();
-            for o in outbox.iter().filter(|o| o.from != Some(peer)) {
-                if let Some(l) = &o.lifecycle {
-                    push.lifecycle.push(l.clone());
-                }
-                if let Some(h) = &o.health {
-                    push.health.push(h.clone());
-                }
-                if push.lifecycle.len() + push.health.len() == MAX_RECORDS_PER_PUSH {
-                    self.send(peer, &StreamMessage::Push(std::mem::take(&mut push)));
-                }
+            let encoded = if outbox.iter().any(|o| o.from == Some(peer)) {
+                self.encode_pushes(&outbox, Some(peer))
+            } else {
+                to_all
+                    .get_or_insert_with(|| self.encode_pushes(&outbox, None))
+                    .clone()
+            };
+            for bytes in encoded {
+                self.send_encoded(peer, MessageKind::RecordPush, bytes);
             }
-            if !push.lifecycle.is_empty() || !push.health.is_empty() {
-                self.send(peer, &StreamMessage::Push(push));
+        }
+    }
+
+    /// The outbox as encoded pushes of at most [`MAX_RECORDS_PER_PUSH`] records each, leaving
+    /// out the records that came from `peer` (`None`: an encoding that did not fit).
+    fn encode_pushes(&self, outbox: &[Outgoing], peer: Option<SocketAddr>) -> Vec<Option<Vec<u8>>> {
+        let max_bytes = self.config.max_stream_message_bytes;
+        let mut out = Vec::new();
+        let mut push = RecordPush::default();
+        for o in outbox.iter().filter(|o| peer.is_none() || o.from != peer) {
+            if let Some(l) = &o.lifecycle {
+                push.lifecycle.push(l.clone());
             }
+            if let Some(h) = &o.health {
+                push.health.push(h.clone());
+            }
+            if push.lifecycle.len() + push.health.len() == MAX_RECORDS_PER_PUSH {
+                out.push(self.encode_push(std::mem::take(&mut push), max_bytes));
+            }
+        }
+        if !push.lifecycle.is_empty() || !push.health.is_empty() {
+            out.push(self.encode_push(push, max_bytes));
+        }
+        out
+    }
+
+    /// One push, encoded through the verifier's record encodings where it keeps them (the
+    /// same bytes either way).
+    fn encode_push(&self, push: RecordPush, max_bytes: usize) -> Option<Vec<u8>> {
+        if self.verifier.caches_encodings() {
+            record_codec::encode_push(&push, &self.verifier, max_bytes)
+        } else {
+            StreamMessage::Push(push).encode(max_bytes)
         }
     }
 

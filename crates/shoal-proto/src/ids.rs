@@ -96,8 +96,25 @@ macro_rules! string_id {
         ///
         /// Cheap to clone: the validated string is shared (`Arc<str>`), so the many maps and
         /// indexes that key by it (and thousands of simulated agents) share one copy.
-        #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        #[derive(Clone, PartialEq, Eq, Hash)]
         pub struct $name(Arc<str>);
+
+        impl PartialOrd for $name {
+            fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+                Some(self.cmp(other))
+            }
+        }
+
+        impl Ord for $name {
+            /// By the string. Two handles to one shared string are equal without reading it
+            /// (catalog maps compare keys cloned from the same record most of the time).
+            fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+                if Arc::ptr_eq(&self.0, &other.0) {
+                    return std::cmp::Ordering::Equal;
+                }
+                self.0.cmp(&other.0)
+            }
+        }
 
         impl<'de> Deserialize<'de> for $name {
             fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -329,6 +346,20 @@ counter!(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_order_by_string_whether_shared_or_not() {
+        use std::cmp::Ordering::{Equal, Greater, Less};
+        let a = Name::new("api").unwrap();
+        assert_eq!(a.cmp(&a.clone()), Equal);
+        assert_eq!(a.cmp(&Name::new("api").unwrap()), Equal);
+        assert_eq!(a.cmp(&Name::new("apis").unwrap()), Less);
+        assert_eq!(Name::new("b").unwrap().cmp(&a), Greater);
+        let k: ServiceKey = "prod/api/http".parse().unwrap();
+        let other: ServiceKey = "prod/api/grpc".parse().unwrap();
+        assert_eq!(k.cmp(&k.clone()), Equal);
+        assert_eq!(k.cmp(&other), Greater);
+    }
 
     #[test]
     fn service_key_parses_and_prints() {

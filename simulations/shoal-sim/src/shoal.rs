@@ -141,6 +141,55 @@ pub struct SimKeys {
     keyring: Keyring,
     lifecycle: RefCell<HashMap<SignatureBytes, Arc<SignedLifecycle>>>,
     health: RefCell<HashMap<SignatureBytes, Arc<SignedHealth>>>,
+    lifecycle_encodings: RefCell<Encodings<SignedLifecycle>>,
+    health_encodings: RefCell<Encodings<SignedHealth>>,
+    lifecycle_bytes: RefCell<Serialized<SignedLifecycle>>,
+    health_bytes: RefCell<Serialized<SignedHealth>>,
+}
+
+/// The postcard encoding of each shared record any simulated agent sent, by the record's
+/// address. The map holds the `Arc` too, so the address cannot be reused by another record.
+type Serialized<T> = HashMap<*const T, (Arc<T>, Box<[u8]>)>;
+
+fn append_serialized<T: serde::Serialize>(
+    map: &mut Serialized<T>,
+    record: &Arc<T>,
+    out: &mut Vec<u8>,
+) {
+    let (_, bytes) = map.entry(Arc::as_ptr(record)).or_insert_with(|| {
+        let bytes = postcard::to_allocvec(&**record).expect("plain data always serialises");
+        (Arc::clone(record), bytes.into())
+    });
+    out.extend_from_slice(bytes);
+}
+
+/// How many leading bytes of an encoding key [`Encodings`]. Every signed record is longer (its
+/// signature alone is 64 bytes, after the record), and the first 48 bytes already hold the
+/// service key, instance and generation, so a bucket rarely holds more than one encoding.
+const ENCODING_PREFIX: usize = 48;
+
+/// Record encodings seen by any simulated agent, with their decoded (shared) record: a push
+/// is decoded once per distinct record instead of once per receiving agent. Keyed by the
+/// first [`ENCODING_PREFIX`] bytes; a bucket lists whole encodings.
+type Encodings<T> = HashMap<[u8; ENCODING_PREFIX], Vec<(Box<[u8]>, Arc<T>)>>;
+
+fn find_encoding<T>(map: &Encodings<T>, input: &[u8]) -> Option<(Arc<T>, usize)> {
+    let prefix: &[u8; ENCODING_PREFIX] = input.get(..ENCODING_PREFIX)?.try_into().ok()?;
+    map.get(prefix)?
+        .iter()
+        .find(|(enc, _)| input.starts_with(enc))
+        .map(|(enc, rec)| (Arc::clone(rec), enc.len()))
+}
+
+fn add_encoding<T>(map: &mut Encodings<T>, encoding: &[u8], record: Arc<T>) {
+    let Some(prefix) = encoding.get(..ENCODING_PREFIX) else {
+        return;
+    };
+    let prefix: [u8; ENCODING_PREFIX] = prefix.try_into().expect("prefix length");
+    let bucket = map.entry(prefix).or_default();
+    if bucket.iter().all(|(enc, _)| **enc != *encoding) {
+        bucket.push((encoding.into(), record));
+    }
 }
 
 /// Cheap handle to [`SimKeys`], the verifier every simulated mesh uses.
@@ -150,7 +199,8 @@ pub struct SharedKeys(Rc<SimKeys>);
 impl Verifier for SharedKeys {
     fn verify_lifecycle(&self, signed: &SignedLifecycle) -> Result<(), SignatureError> {
         if let Some(c) = self.0.lifecycle.borrow().get(&signed.signature) {
-            if **c == *signed {
+            // The shared copy itself (most records are) needs no comparison.
+            if std::ptr::eq(&**c, signed) || **c == *signed {
                 return Ok(());
             }
         }
@@ -164,7 +214,8 @@ impl Verifier for SharedKeys {
 
     fn verify_health(&self, signed: &SignedHealth) -> Result<(), SignatureError> {
         if let Some(c) = self.0.health.borrow().get(&signed.signature) {
-            if **c == *signed {
+            // The shared copy itself (most records are) needs no comparison.
+            if std::ptr::eq(&**c, signed) || **c == *signed {
                 return Ok(());
             }
         }
@@ -178,16 +229,52 @@ impl Verifier for SharedKeys {
 
     fn intern_lifecycle(&self, record: Arc<SignedLifecycle>) -> Arc<SignedLifecycle> {
         match self.0.lifecycle.borrow().get(&record.signature) {
-            Some(c) if **c == *record => Arc::clone(c),
+            Some(c) if Arc::ptr_eq(c, &record) || **c == *record => Arc::clone(c),
             _ => record,
         }
     }
 
     fn intern_health(&self, record: Arc<SignedHealth>) -> Arc<SignedHealth> {
         match self.0.health.borrow().get(&record.signature) {
-            Some(c) if **c == *record => Arc::clone(c),
+            Some(c) if Arc::ptr_eq(c, &record) || **c == *record => Arc::clone(c),
             _ => record,
         }
+    }
+
+    fn caches_encodings(&self) -> bool {
+        true
+    }
+
+    fn encoded_lifecycle(&self, input: &[u8]) -> Option<(Arc<SignedLifecycle>, usize)> {
+        find_encoding(&self.0.lifecycle_encodings.borrow(), input)
+    }
+
+    fn remember_lifecycle_encoding(&self, encoding: &[u8], record: &Arc<SignedLifecycle>) {
+        let record = self.intern_lifecycle(Arc::clone(record));
+        add_encoding(
+            &mut self.0.lifecycle_encodings.borrow_mut(),
+            encoding,
+            record,
+        );
+    }
+
+    fn encoded_health(&self, input: &[u8]) -> Option<(Arc<SignedHealth>, usize)> {
+        find_encoding(&self.0.health_encodings.borrow(), input)
+    }
+
+    fn remember_health_encoding(&self, encoding: &[u8], record: &Arc<SignedHealth>) {
+        let record = self.intern_health(Arc::clone(record));
+        add_encoding(&mut self.0.health_encodings.borrow_mut(), encoding, record);
+    }
+
+    fn append_lifecycle_encoding(&self, record: &Arc<SignedLifecycle>, out: &mut Vec<u8>) -> bool {
+        append_serialized(&mut self.0.lifecycle_bytes.borrow_mut(), record, out);
+        true
+    }
+
+    fn append_health_encoding(&self, record: &Arc<SignedHealth>, out: &mut Vec<u8>) -> bool {
+        append_serialized(&mut self.0.health_bytes.borrow_mut(), record, out);
+        true
     }
 }
 
@@ -197,9 +284,46 @@ impl Verifier for SharedKeys {
 pub struct ShoalNode {
     index: u32,
     mesh: Mesh<SharedKeys>,
-    timers: HashMap<u64, MeshTimer>,
-    next_token: u64,
+    timers: TimerSlots,
     observer: Rc<RefCell<Observer>>,
+}
+
+/// Pending mesh timers by token. A token is a slot number (low 32 bits) and the slot's use
+/// count (high 32 bits), so a slot is reused once its timer fired and a token that is no longer
+/// pending finds nothing, as with a map from never-reused tokens. Cheaper than hashing: every
+/// mesh timer is one insert and one take.
+#[derive(Default)]
+struct TimerSlots {
+    slots: Vec<(u32, Option<MeshTimer>)>,
+    free: Vec<u32>,
+}
+
+impl TimerSlots {
+    fn insert(&mut self, timer: MeshTimer) -> u64 {
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => {
+                self.slots.push((0, None));
+                u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 pending timers")
+            }
+        };
+        let (uses, t) = &mut self.slots[slot as usize];
+        debug_assert!(t.is_none(), "a free slot is empty");
+        *uses = uses.wrapping_add(1);
+        *t = Some(timer);
+        (u64::from(*uses) << 32) | u64::from(slot)
+    }
+
+    fn take(&mut self, token: u64) -> Option<MeshTimer> {
+        let slot = token as u32;
+        let (uses, t) = self.slots.get_mut(slot as usize)?;
+        if u64::from(*uses) != token >> 32 {
+            return None;
+        }
+        let timer = t.take()?;
+        self.free.push(slot);
+        Some(timer)
+    }
 }
 
 impl ShoalNode {
@@ -234,7 +358,7 @@ impl SimNode for ShoalNode {
     }
 
     fn handle_timer(&mut self, now_ms: u64, token: u64) {
-        if let Some(t) = self.timers.remove(&token) {
+        if let Some(t) = self.timers.take(token) {
             self.mesh.handle_timer(now_ms, t);
             self.tap(now_ms);
         }
@@ -254,9 +378,7 @@ impl SimNode for ShoalNode {
 
     fn poll_timer(&mut self) -> Option<(u64, u64)> {
         let (at, t) = self.mesh.poll_timer()?;
-        self.next_token += 1;
-        self.timers.insert(self.next_token, t);
-        Some((at, self.next_token))
+        Some((at, self.timers.insert(t)))
     }
 }
 
@@ -1467,8 +1589,7 @@ impl Harness for ShoalHarness {
         let mut node = ShoalNode {
             index: ctx.index,
             mesh,
-            timers: HashMap::new(),
-            next_token: 0,
+            timers: TimerSlots::default(),
             observer: Rc::clone(&self.observer),
         };
         node.tap(now);
@@ -1861,6 +1982,26 @@ mod tests {
     use super::*;
     use crate::rng::RngTree;
     use crate::scenario::Tier;
+
+    #[test]
+    fn a_timer_token_fires_once_and_a_reused_slot_gets_a_new_token() {
+        let mut t = TimerSlots::default();
+        let a = t.insert(MeshTimer::Flush);
+        let b = t.insert(MeshTimer::Gc);
+        assert_ne!(a, b);
+        assert_eq!(t.take(a), Some(MeshTimer::Flush));
+        assert_eq!(t.take(a), None, "fired already");
+        let c = t.insert(MeshTimer::IHave);
+        assert_ne!(c, a, "slot reused under a new token");
+        assert_eq!(
+            t.take(a),
+            None,
+            "the old token finds nothing in the reused slot"
+        );
+        assert_eq!(t.take(c), Some(MeshTimer::IHave));
+        assert_eq!(t.take(b), Some(MeshTimer::Gc));
+        assert_eq!(t.take(u64::MAX), None);
+    }
 
     #[test]
     fn tiered_draws_stay_in_their_tiers_with_their_shares() {
