@@ -80,6 +80,7 @@ pub fn export_counters(mesh: &Mesh<Keyring>, transport: &TransportCounters) {
     counter!("shoal_swim_rejoins_total").absolute(m.rejoins);
     counter!("shoal_swim_identity_conflicts_total").absolute(m.identity_conflicts);
     counter!("shoal_swim_members_learned_total").absolute(m.members_learned);
+    counter!("shoal_swim_updates_deduplicated_total").absolute(m.updates_deduplicated);
     let c = mesh.counters();
     for kind in MessageKind::ALL {
         let i = kind as usize;
