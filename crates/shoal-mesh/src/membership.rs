@@ -38,7 +38,7 @@
 //! pings are answered with `TurnUndead` by members it still sees as active, and once it is idle
 //! it re-announces to its seeds every [`MembershipConfig::join_retry_ms`].
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::hash::{BuildHasherDefault, DefaultHasher};
 use std::net::SocketAddr;
 use std::num::{NonZeroU8, NonZeroUsize};
@@ -496,8 +496,6 @@ pub struct Membership {
     /// their arrival order for expiry (fixed hasher: no OS randomness in the core).
     applied: HashSet<u64, BuildHasherDefault<DefaultHasher>>,
     applied_order: VecDeque<(u64, u64)>,
-    /// `active` by address, for the per-datagram sender check of `drop_applied_updates`.
-    active_by_addr: HashMap<SocketAddr, MemberId, BuildHasherDefault<DefaultHasher>>,
     /// Identities to declare down in foca after the current drain (node-level conflicts).
     declare_down: Vec<MemberId>,
     transmits: VecDeque<(SocketAddr, Vec<u8>)>,
@@ -563,7 +561,6 @@ impl Membership {
             member_buckets: [0; MEMBER_BUCKETS],
             applied: HashSet::default(),
             applied_order: VecDeque::new(),
-            active_by_addr: HashMap::default(),
             down: BTreeMap::new(),
             declare_down: Vec::new(),
             transmits: VecDeque::new(),
@@ -663,12 +660,15 @@ impl Membership {
         if header.dst != self.identity
             || header.message == Message::Broadcast
             || header.message == Message::Announce
-            || self.active_by_addr.get(&header.src.addr) != Some(&header.src)
         {
             return None;
         }
         let count = body.get(header_len..header_len + 2)?;
         let count = u16::from_be_bytes([count[0], count[1]]);
+        // Most datagrams carry no update: check the sender only when there is something to drop.
+        if count == 0 || self.active.get(&header.src.node) != Some(&header.src) {
+            return None;
+        }
         // First find every update's bytes; a payload that does not decode goes to foca whole
         // (it refuses it) and nothing of it is remembered.
         let mut ranges = Vec::with_capacity(usize::from(count));
@@ -1204,7 +1204,6 @@ impl Membership {
         self.down.remove(&id.node);
         self.member_buckets[member_bucket(&id.node)] ^= member_fingerprint(&id);
         self.active.insert(id.node.clone(), id.clone());
-        self.active_by_addr.insert(id.addr, id.clone());
         self.push_event(MembershipEvent::Up(id));
     }
 
@@ -1213,9 +1212,6 @@ impl Membership {
             return;
         }
         self.active.remove(&id.node);
-        if self.active_by_addr.get(&id.addr) == Some(id) {
-            self.active_by_addr.remove(&id.addr);
-        }
         self.member_buckets[member_bucket(&id.node)] ^= member_fingerprint(id);
         if self.down.len() >= self.config.max_tracked_down {
             let oldest = self
