@@ -657,16 +657,16 @@ impl Membership {
         body: &[u8],
         header_len: usize,
     ) -> Option<Vec<u8>> {
-        if header.dst != self.identity
-            || header.message == Message::Broadcast
-            || header.message == Message::Announce
-        {
+        if header.message == Message::Broadcast || header.message == Message::Announce {
             return None;
         }
         let count = body.get(header_len..header_len + 2)?;
         let count = u16::from_be_bytes([count[0], count[1]]);
-        // Most datagrams carry no update: check the sender only when there is something to drop.
-        if count == 0 || self.active.get(&header.src.node) != Some(&header.src) {
+        // Most datagrams carry no update: compare identities only when there is something to drop.
+        if count == 0
+            || header.dst != self.identity
+            || self.active.get(&header.src.node) != Some(&header.src)
+        {
             return None;
         }
         // First find every update's bytes; a payload that does not decode goes to foca whole
