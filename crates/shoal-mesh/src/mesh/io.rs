@@ -1,0 +1,114 @@
+//! The core's vocabulary with its driver (sans-IO, after `quinn-proto`): what goes in
+//! ([`MeshTimer`] tokens, [`Command`]s) and what comes out ([`Transmit`]s on a [`Channel`],
+//! [`MeshEvent`]s, [`Refusal`]s).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use shoal_proto::{
+    Generation, HealthStatus, InstanceId, ServiceKey, SignedHealth, SignedLifecycle,
+    TransitionReason,
+};
+
+use crate::membership::{MembershipEvent, MembershipTimer};
+
+/// Which channel a transmit uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Channel {
+    /// Unreliable datagram (SWIM), at most `membership.max_packet_bytes`.
+    Datagram,
+    /// Reliable, ordered per peer stream message, at most `max_stream_message_bytes`.
+    Stream,
+}
+
+/// Bytes to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transmit {
+    /// Destination listen address.
+    pub to: SocketAddr,
+    /// Channel.
+    pub channel: Channel,
+    /// The whole message, envelope included.
+    pub bytes: Vec<u8>,
+}
+
+/// A timer token; hand it back to [`Mesh::handle_timer`](super::Mesh::handle_timer) at its
+/// deadline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MeshTimer {
+    /// A membership timer.
+    Membership(MembershipTimer),
+    /// Coalescing window end.
+    Flush,
+    /// IHAVE tick.
+    IHave,
+    /// Anti-entropy round.
+    AntiEntropy,
+    /// Graft check.
+    Graft,
+    /// Tombstone GC.
+    Gc,
+}
+
+/// Things the driver may ask of the core.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// Join through these seed addresses (retried by membership until it hears back).
+    Join {
+        /// Seed listen addresses.
+        seeds: Vec<SocketAddr>,
+    },
+    /// Leave gracefully.
+    Leave,
+    /// Inject authority-signed lifecycle records (from the authority, or relayed by the agent
+    /// that requested the transition). Applied locally and pushed at once.
+    Publish {
+        /// The records.
+        lifecycle: Vec<Arc<SignedLifecycle>>,
+    },
+    /// Sign and disseminate the health of an instance this node owns.
+    ReportHealth {
+        /// Service key.
+        key: ServiceKey,
+        /// Instance.
+        instance: InstanceId,
+        /// The generation the status is about.
+        generation: Generation,
+        /// Status.
+        status: HealthStatus,
+        /// Why.
+        reason: TransitionReason,
+    },
+}
+
+/// Why a command was refused (also counted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// Health for an instance the catalog does not bind to this node (or another generation).
+    NotOwnInstance {
+        /// Key.
+        key: ServiceKey,
+        /// Instance.
+        instance: InstanceId,
+    },
+    /// A published record did not merge (bad signature, conflict, stale...).
+    Publish(String),
+}
+
+/// Something that happened, for the driver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MeshEvent {
+    /// Membership changed.
+    Membership(MembershipEvent),
+    /// A lifecycle record was applied to the catalog.
+    LifecycleApplied(Arc<SignedLifecycle>),
+    /// A health record was applied to the catalog.
+    HealthApplied(Arc<SignedHealth>),
+    /// A full snapshot was installed.
+    SnapshotInstalled {
+        /// Records installed.
+        records: usize,
+    },
+    /// A command was refused.
+    Refused(Refusal),
+}
