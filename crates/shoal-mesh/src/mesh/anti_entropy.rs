@@ -14,7 +14,8 @@ use shoal_catalog::{OwnerHead, RegionHead, Verifier};
 use shoal_proto::{Generation, HealthSeq, NodeId, Revision};
 
 use super::Mesh;
-use crate::membership::{fnv1a, MemberId, FNV_OFFSET};
+use crate::hash::{fnv1a, FNV_OFFSET};
+use crate::membership::MemberId;
 use crate::messages::{
     AntiEntropy, DeltaBody, StreamMessage, DIGEST_BUCKETS, MAX_MEMBERS_PER_MESSAGE,
 };
