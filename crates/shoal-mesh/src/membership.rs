@@ -19,6 +19,8 @@
 //! Timers are data: `poll_timer` yields `(deadline_ms, token)`; the driver hands the token back
 //! through `handle_timer` at or after the deadline. A token that has become stale (its epoch has
 //! passed) is a counted no-op, so drivers never need to cancel anything.
+//! Every input takes `now_ms`, which must never decrease from one input to the next (asserted
+//! in debug builds).
 //!
 //! # Identity and restarts
 //! A member is a [`MemberId`]: node id, socket address and boot generation. Two identities
@@ -120,6 +122,8 @@ pub struct Membership {
     partition_seen_ms: Option<u64>,
     /// Until when (ms) we consider ourselves degraded (timers handled late).
     degraded_until_ms: u64,
+    /// The `now_ms` of the latest input: time is an input and must never go backwards.
+    last_now_ms: u64,
 }
 
 impl std::fmt::Debug for Membership {
@@ -181,6 +185,7 @@ impl Membership {
             defunct: false,
             partition_seen_ms: None,
             degraded_until_ms: 0,
+            last_now_ms: 0,
             config,
         })
     }
@@ -190,6 +195,7 @@ impl Membership {
     /// have no active peer we re-announce every [`MembershipConfig::join_retry_ms`].
     /// A no-op after [`Membership::leave`].
     pub fn join(&mut self, now_ms: u64, seeds: &[SocketAddr]) {
+        self.observe_now(now_ms);
         if self.defunct {
             return;
         }
@@ -212,6 +218,7 @@ impl Membership {
     /// a [`MessageKind::Swim`] message. Bad input is counted (`rejected_decode`,
     /// `rejected_foca`) and otherwise ignored; it never panics.
     pub fn handle_datagram(&mut self, now_ms: u64, from: SocketAddr, bytes: &[u8]) {
+        self.observe_now(now_ms);
         self.counters.datagrams_in += 1;
         self.counters.bytes_in += bytes.len() as u64;
         let body = match decode_header(bytes, self.config.max_packet_bytes) {
@@ -250,6 +257,7 @@ impl Membership {
     /// restoring the last live members it persisted; the members still have to answer probes.
     /// Costs O(n^2) in foca (it keeps members in a list), once.
     pub fn bootstrap(&mut self, now_ms: u64, members: Vec<MemberId>) {
+        self.observe_now(now_ms);
         if self.defunct {
             return;
         }
@@ -258,20 +266,25 @@ impl Membership {
             .filter(|m| m.addr != self.identity.addr)
             .map(Member::alive)
             .collect();
-        let _ = self
+        if self
             .foca
-            .apply_many(updates.into_iter(), false, &mut self.runtime);
+            .apply_many(updates.into_iter(), false, &mut self.runtime)
+            .is_err()
+        {
+            self.counters.foca_errors += 1;
+        }
         self.drain(now_ms);
     }
 
     /// Leaves gracefully: tells a few members we are down and becomes defunct. Afterwards every
     /// input is still accepted but this member takes no part; restart with `boot + 1` to rejoin.
     pub fn leave(&mut self, now_ms: u64) {
+        self.observe_now(now_ms);
         if self.defunct {
             return;
         }
         if self.foca.leave_cluster(&mut self.runtime).is_err() {
-            self.counters.timer_errors += 1;
+            self.counters.foca_errors += 1;
         }
         self.defunct = true;
         self.drain(now_ms);
@@ -360,9 +373,13 @@ impl Membership {
     fn announce_to_seeds(&mut self) {
         for seed in self.seeds.clone() {
             // Only fails on encode errors, which a fixed-size identity cannot hit.
-            let _ = self
+            if self
                 .foca
-                .announce(MemberId::placeholder(seed), &mut self.runtime);
+                .announce(MemberId::placeholder(seed), &mut self.runtime)
+                .is_err()
+            {
+                self.counters.foca_errors += 1;
+            }
         }
     }
 
@@ -384,15 +401,43 @@ impl Membership {
             if !self.declare_down.is_empty() {
                 let downs: Vec<Member<MemberId>> =
                     self.declare_down.drain(..).map(Member::down).collect();
-                let _ = self
+                if self
                     .foca
-                    .apply_many(downs.into_iter(), true, &mut self.runtime);
+                    .apply_many(downs.into_iter(), true, &mut self.runtime)
+                    .is_err()
+                {
+                    self.counters.foca_errors += 1;
+                }
             }
             if self.runtime.backlog() == 0 {
                 break;
             }
         }
         debug_assert_eq!(self.runtime.backlog(), 0, "runtime not drained");
+        // Invariant 8 (`docs/invariants.md`): every output queue within its cap.
+        debug_assert!(
+            self.transmits.len() <= self.config.max_pending_transmits,
+            "transmit queue over its cap"
+        );
+        debug_assert!(
+            self.timers.len() <= self.config.max_pending_timers,
+            "timer queue over its cap"
+        );
+        debug_assert!(
+            self.events.len() <= self.config.max_pending_events,
+            "event queue over its cap"
+        );
+    }
+
+    /// Checks the clock contract of every input: `now_ms` never decreases (timer deadlines,
+    /// local health and the repeat filter's window all assume it).
+    fn observe_now(&mut self, now_ms: u64) {
+        debug_assert!(
+            now_ms >= self.last_now_ms,
+            "now_ms went backwards: {now_ms} after {}",
+            self.last_now_ms
+        );
+        self.last_now_ms = now_ms;
     }
 
     fn drain_runtime(&mut self, now_ms: u64) {
@@ -518,6 +563,11 @@ impl Membership {
         self.down.remove(&id.node);
         self.member_buckets[member_bucket(&id.node)] ^= member_fingerprint(&id);
         self.active.insert(id.node.clone(), id.clone());
+        debug_assert_eq!(
+            self.member_buckets,
+            self.computed_member_buckets(),
+            "member buckets out of step with the active set after an Up"
+        );
         self.push_event(MembershipEvent::Up(id));
     }
 
@@ -539,6 +589,11 @@ impl Membership {
             }
         }
         self.down.insert(id.node.clone(), (id.clone(), now_ms));
+        debug_assert_eq!(
+            self.member_buckets,
+            self.computed_member_buckets(),
+            "member buckets out of step with the active set after a Down"
+        );
         self.push_event(MembershipEvent::Down(id.clone()));
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! # Shape (sans-IO, after `quinn-proto`)
 //! * inputs: [`Mesh::handle_datagram`], [`Mesh::handle_stream_message`], [`Mesh::handle_timer`],
-//!   [`Mesh::handle_command`] — each takes `now_ms` (monotonic milliseconds of the driver);
+//!   [`Mesh::handle_command`] — each takes `now_ms` (monotonic milliseconds of the driver),
+//!   which must never decrease from one input to the next (asserted in debug builds);
 //! * outputs, drained after every input in this order: [`Mesh::poll_transmit`] until `None`,
 //!   [`Mesh::poll_timer`] until `None`, [`Mesh::poll_event`] until `None`;
 //! * getters: [`Mesh::catalog`], [`Mesh::membership`], [`Mesh::liveness`], [`Mesh::counters`].
@@ -128,6 +129,8 @@ pub struct Mesh<V: Verifier> {
     timers: VecDeque<(u64, MeshTimer)>,
     events: VecDeque<MeshEvent>,
     counters: MeshCounters,
+    /// The `now_ms` of the latest input: time is an input and must never go backwards.
+    last_now_ms: u64,
 }
 
 impl<V: Verifier> Mesh<V> {
@@ -179,6 +182,7 @@ impl<V: Verifier> Mesh<V> {
             timers: VecDeque::new(),
             events: VecDeque::new(),
             counters: MeshCounters::default(),
+            last_now_ms: 0,
             region,
             zone,
             config,
@@ -248,6 +252,7 @@ impl<V: Verifier> Mesh<V> {
 
     /// A datagram arrived (SWIM). Bad input is counted by membership and ignored.
     pub fn handle_datagram(&mut self, now_ms: u64, from: SocketAddr, bytes: &[u8]) {
+        self.observe_now(now_ms);
         self.membership.handle_datagram(now_ms, from, bytes);
         self.after_input(now_ms);
     }
@@ -255,6 +260,7 @@ impl<V: Verifier> Mesh<V> {
     /// A stream message arrived from the peer listening at `from`. Bad input is counted in
     /// [`MeshCounters::rejected`] and ignored.
     pub fn handle_stream_message(&mut self, now_ms: u64, from: SocketAddr, bytes: &[u8]) {
+        self.observe_now(now_ms);
         let decoded = match self.decode_cached(bytes) {
             Some(msg) => Ok(msg),
             None => StreamMessage::decode(bytes, self.config.max_stream_message_bytes),
@@ -288,6 +294,7 @@ impl<V: Verifier> Mesh<V> {
 
     /// A timer fired.
     pub fn handle_timer(&mut self, now_ms: u64, timer: MeshTimer) {
+        self.observe_now(now_ms);
         match timer {
             MeshTimer::Membership(t) => self.membership.handle_timer(now_ms, t),
             MeshTimer::Flush => {
@@ -321,6 +328,7 @@ impl<V: Verifier> Mesh<V> {
 
     /// A command from the driver.
     pub fn handle_command(&mut self, now_ms: u64, command: Command) {
+        self.observe_now(now_ms);
         match command {
             Command::Join { seeds } => {
                 self.membership.join(now_ms, &seeds);
@@ -355,6 +363,7 @@ impl<V: Verifier> Mesh<V> {
     /// Seeds membership with `members` (see [`Membership::bootstrap`]) and arms the periodic
     /// timers.
     pub fn bootstrap(&mut self, now_ms: u64, members: Vec<MemberId>) {
+        self.observe_now(now_ms);
         self.membership.bootstrap(now_ms, members);
         self.arm_periodic(now_ms);
         self.after_input(now_ms);
@@ -363,6 +372,7 @@ impl<V: Verifier> Mesh<V> {
     /// Arms the periodic timers without joining anyone (the simulator bootstraps membership
     /// directly). Idempotent.
     pub fn start(&mut self, now_ms: u64) {
+        self.observe_now(now_ms);
         self.arm_periodic(now_ms);
         self.after_input(now_ms);
     }
@@ -457,6 +467,17 @@ impl<V: Verifier> Mesh<V> {
         });
     }
 
+    /// Checks the clock contract of every input: `now_ms` never decreases (quinn-proto's rule
+    /// for `now`; the coalescing window, jitter and the GC horizon all assume it).
+    fn observe_now(&mut self, now_ms: u64) {
+        debug_assert!(
+            now_ms >= self.last_now_ms,
+            "now_ms went backwards: {now_ms} after {}",
+            self.last_now_ms
+        );
+        self.last_now_ms = now_ms;
+    }
+
     /// Runs after every input: membership events, urgent flushes, gap accounting.
     fn after_input(&mut self, now_ms: u64) {
         let mut up = false;
@@ -520,6 +541,33 @@ impl<V: Verifier> Mesh<V> {
             }
             self.open_gaps = gaps;
         }
+        self.debug_check_after_input();
+    }
+
+    /// Postconditions of every input (debug builds only): the output queues and the outbox
+    /// within their caps (invariant 8, `docs/invariants.md`), a link never both eager and lazy,
+    /// and a waiting outbox always has a flush armed.
+    fn debug_check_after_input(&self) {
+        debug_assert!(
+            self.transmits.len() <= self.config.max_pending_transmits,
+            "transmit queue over its cap"
+        );
+        debug_assert!(
+            self.events.len() <= self.config.max_pending_events,
+            "event queue over its cap"
+        );
+        debug_assert!(
+            self.outbox.len() <= self.config.max_outbox_records,
+            "outbox over its cap"
+        );
+        debug_assert!(
+            self.eager.is_disjoint(&self.lazy),
+            "a peer is both eager and lazy"
+        );
+        debug_assert!(
+            self.outbox.is_empty() || self.flush_at.is_some(),
+            "records wait in the outbox with no flush armed"
+        );
     }
 
     fn on_stream(&mut self, now_ms: u64, from: SocketAddr, msg: StreamMessage) {

@@ -67,6 +67,7 @@ impl Membership {
     /// probes like any other. Nothing is re-gossiped: the next push-pull spreads it.
     /// Returns how many identities were applied.
     pub fn learn_members(&mut self, now_ms: u64, theirs: &[MemberId]) -> usize {
+        self.observe_now(now_ms);
         if self.defunct {
             return 0;
         }
@@ -83,12 +84,28 @@ impl Membership {
         let n = updates.len();
         if n > 0 {
             self.counters.members_learned += n as u64;
-            let _ = self
+            if self
                 .foca
-                .apply_many(updates.into_iter(), false, &mut self.runtime);
+                .apply_many(updates.into_iter(), false, &mut self.runtime)
+                .is_err()
+            {
+                self.counters.foca_errors += 1;
+            }
             self.drain(now_ms);
         }
         n
+    }
+}
+
+impl Membership {
+    /// `member_buckets` recomputed from the active set, for debug assertions: the
+    /// incrementally kept hashes must always equal it.
+    pub(super) fn computed_member_buckets(&self) -> [u64; MEMBER_BUCKETS] {
+        let mut out = [0; MEMBER_BUCKETS];
+        for id in self.active.values() {
+            out[member_bucket(&id.node)] ^= member_fingerprint(id);
+        }
+        out
     }
 }
 

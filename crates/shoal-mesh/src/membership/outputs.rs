@@ -55,6 +55,11 @@ pub struct MembershipCounters {
     pub stale_timers: u64,
     /// Timer deliveries foca reported as an error (e.g. an incomplete probe cycle).
     pub timer_errors: u64,
+    /// Other foca calls that returned an error: `apply_many` (bootstrap, learned push-pull
+    /// members, node-level conflicts, the rebuild after a rejoin), `announce`, `gossip` and
+    /// `leave_cluster`. None is expected: these fail only on encoding errors or an update
+    /// about ourselves, so a non-zero value points at an integration bug.
+    pub foca_errors: u64,
     /// Datagrams dropped because the transmit queue was full.
     pub transmit_overflow: u64,
     /// Timers dropped because the timer queue was full.

@@ -61,9 +61,13 @@ impl Membership {
         self.last_foca_token = None;
         let view: Vec<Member<MemberId>> =
             self.active.values().cloned().map(Member::alive).collect();
-        let _ = self
+        if self
             .foca
-            .apply_many(view.into_iter(), false, &mut self.runtime);
+            .apply_many(view.into_iter(), false, &mut self.runtime)
+            .is_err()
+        {
+            self.counters.foca_errors += 1;
+        }
         // Remember who we held as down, without spreading it: foca's periodic announce to down
         // members then keeps knocking on the other half of a healed partition, which is how both
         // halves learn each other's renewed identities (a fresh instance that forgot them
@@ -80,10 +84,16 @@ impl Membership {
                 .map(|(m, _)| Member::down(m.clone()))
                 .collect()
         };
-        let _ = self
+        if self
             .foca
-            .apply_many(downs.into_iter(), false, &mut self.runtime);
-        let _ = self.foca.gossip(&mut self.runtime);
+            .apply_many(downs.into_iter(), false, &mut self.runtime)
+            .is_err()
+        {
+            self.counters.foca_errors += 1;
+        }
+        if self.foca.gossip(&mut self.runtime).is_err() {
+            self.counters.foca_errors += 1;
+        }
         self.announce_to_seeds();
     }
 }

@@ -41,6 +41,7 @@ impl Membership {
     /// Delivers a timer previously yielded by [`Membership::poll_timer`], at or after its
     /// deadline. Stale timers are counted in `stale_timers` and do nothing.
     pub fn handle_timer(&mut self, now_ms: u64, token: MembershipTimer) {
+        self.observe_now(now_ms);
         match token.0 {
             TimerKind::Foca {
                 epoch,
