@@ -1,5 +1,5 @@
 //! The smoke scenario runs the real shoal-mesh cores; run twice with one seed, the reports must
-//! be byte-identical, and every check in it must pass (ARCHITECTURE invariant 9).
+//! be byte-identical, and every check in it must pass (invariant 9, `docs/invariants.md`).
 
 use std::path::Path;
 
