@@ -28,6 +28,7 @@ fn accepted_and_refused_commands_are_both_audited() {
                 log_index: 1,
                 committed_at_ms: BASE_MS + 1,
                 caller: CallerId::Node(node_id(0)),
+                on_behalf_of: None,
                 command: CommandSummary::Register {
                     key: h.fx.key.clone(),
                     instance: inst("a-1"),
@@ -46,6 +47,7 @@ fn accepted_and_refused_commands_are_both_audited() {
                 log_index: 2,
                 committed_at_ms: BASE_MS + 2,
                 caller: CallerId::Node(node_id(1)),
+                on_behalf_of: None,
                 command: CommandSummary::Transition {
                     key: h.fx.key.clone(),
                     instance: inst("a-1"),
@@ -63,6 +65,7 @@ fn accepted_and_refused_commands_are_both_audited() {
                 log_index: 3,
                 committed_at_ms: BASE_MS + 3,
                 caller: CallerId::Authority,
+                on_behalf_of: None,
                 command: CommandSummary::NodeDown {
                     node: node_id(1),
                     at_ms: 5
