@@ -1065,6 +1065,12 @@ async fn agent_self(State(shared): State<Arc<Shared>>) -> Response {
     body.insert("catalog_index".into(), json!(catalog_index));
     body.insert("version".into(), json!(env!("CARGO_PKG_VERSION")));
     body.insert("dev_authority".into(), json!(shared.cfg.raw.authority.dev));
+    if shared.cfg.access.dev_allow_all() {
+        body.insert(
+            "dev_access_warning".into(),
+            json!("DEVELOPMENT ACCESS POLICY IN USE ([access] dev_allow_all): every local caller may write anything"),
+        );
+    }
     if let Some(k) = &shared.dev_authority_key_hex {
         body.insert(
             "dev_authority_warning".into(),
