@@ -642,6 +642,41 @@ mod tests {
         assert_eq!(exec.check_targets(own), Ok(()));
     }
 
+    /// The exec probe runs with the registrant's uid/gid, not the agent's. Needs root and the
+    /// CI user `shoal-test-a`; prints SKIP otherwise (fails with SHOAL_REQUIRE_UNIX_USERS=1).
+    #[tokio::test]
+    async fn exec_probe_runs_as_the_registrant() {
+        use std::os::unix::fs::MetadataExt;
+        let root = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
+        let user = nix::unistd::User::from_name("shoal-test-a").ok().flatten();
+        let (true, Some(user)) = (root, user) else {
+            assert_ne!(
+                std::env::var("SHOAL_REQUIRE_UNIX_USERS").as_deref(),
+                Ok("1"),
+                "exec_probe_runs_as_the_registrant needs root and user shoal-test-a"
+            );
+            println!("SKIP exec_probe_runs_as_the_registrant: needs root and user shoal-test-a");
+            return;
+        };
+        let (uid, gid) = (user.uid.as_raw(), user.gid.as_raw());
+        let t = Duration::from_millis(2_000);
+        let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let check = |u: u32, g: u32| ProbeAction::Exec {
+            command: vec![
+                "sh".into(),
+                "-c".into(),
+                format!(
+                    "test \"$(id -u)\" = {u} && test \"$(id -g)\" = {g} && test \"$(id -G)\" = {g}"
+                ),
+            ],
+        };
+        let as_a = Some(ExecAs { uid, gid });
+        assert!(run_once(&check(uid, gid), addr, as_a, t).await);
+        assert!(!run_once(&check(0, 0), addr, as_a, t).await);
+        // Without `exec_as` (the agent's own config) it runs as the agent: root here.
+        assert!(run_once(&check(0, 0), addr, None, t).await);
+    }
+
     #[tokio::test]
     async fn exec_probe_gets_a_minimal_environment_and_its_group_is_killed_on_timeout() {
         let t = Duration::from_millis(2_000);

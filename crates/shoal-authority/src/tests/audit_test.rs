@@ -109,3 +109,49 @@ fn the_default_capacity_is_ten_thousand() {
     assert_eq!((log.len(), log.total()), (10_000, 10_005));
     assert_eq!(log.entries().next().unwrap().seq, 6);
 }
+
+#[test]
+fn the_local_process_an_agent_forwarded_for_is_audited_and_survives_encoding() {
+    use shoal_proto::rpc::LocalCaller;
+    let mut h = Harness::new();
+    let who = LocalCaller {
+        uid: 1001,
+        gid: 1001,
+        pid: Some(4242),
+        exe: Some("/usr/bin/web".into()),
+    };
+    h.index += 1;
+    let ctx = ApplyContext {
+        log_index: h.index,
+        committed_at_ms: BASE_MS + h.index,
+        signing_key: &h.fx.authority,
+    };
+    h.state
+        .apply_on_behalf(h.register(0, "a-1"), ctx, Some(who.clone()))
+        .unwrap();
+    // A refused command names its caller too; a plain `apply` names nobody.
+    h.index += 1;
+    let ctx = ApplyContext {
+        log_index: h.index,
+        committed_at_ms: BASE_MS + h.index,
+        signing_key: &h.fx.authority,
+    };
+    h.state
+        .apply_on_behalf(
+            h.transition(node(1), "a-1", 1, Ready, ReadinessPassed),
+            ctx,
+            Some(who.clone()),
+        )
+        .unwrap_err();
+    h.apply(h.transition(node(0), "a-1", 1, Ready, ReadinessPassed))
+        .unwrap();
+    let got: Vec<Option<LocalCaller>> = h
+        .state
+        .audit()
+        .entries()
+        .map(|e| e.on_behalf_of.clone())
+        .collect();
+    assert_eq!(got, vec![Some(who.clone()), Some(who), None]);
+    let decoded = crate::AuthorityState::decode(&h.state.encode()).unwrap();
+    assert_eq!(decoded.audit(), h.state.audit());
+}
