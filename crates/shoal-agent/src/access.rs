@@ -410,6 +410,18 @@ pub struct Owner {
     pub gid: u32,
 }
 
+/// What [`Owners::claim`] did, for [`Owners::release`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// Nothing changed (already this owner's, or the table is full).
+    Unchanged,
+    /// The owner was set; `previous` is restored on release.
+    Taken {
+        /// The owner before the claim.
+        previous: Option<Owner>,
+    },
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct OwnedEntry {
     service: String,
@@ -474,6 +486,54 @@ impl Owners {
         }
         m.insert(id, owner);
         self.save(&m)
+    }
+
+    /// Atomically checks and takes ownership of an instance before its registration is
+    /// forwarded: free or already `owner`'s ids are taken; an id owned by another uid is taken
+    /// only when `may_take_over` (orchestrator, admin, the agent itself). Persists on change.
+    ///
+    /// # Errors
+    /// The current owner, when it is another uid and `may_take_over` is false.
+    pub fn claim(
+        &self,
+        key: &ServiceKey,
+        instance: &str,
+        owner: Owner,
+        may_take_over: bool,
+    ) -> Result<Claim, Owner> {
+        let mut m = self.map.lock().expect("owners");
+        let id = (key.to_string(), instance.to_owned());
+        let previous = m.get(&id).copied();
+        match previous {
+            Some(o) if o == owner => return Ok(Claim::Unchanged),
+            Some(o) if o.uid != owner.uid && !may_take_over => return Err(o),
+            None if m.len() >= MAX_OWNED => {
+                tracing::error!(%key, instance, "owner table full ({MAX_OWNED}); instance registered without an owner");
+                return Ok(Claim::Unchanged);
+            }
+            _ => {}
+        }
+        m.insert(id, owner);
+        if let Err(e) = self.save(&m) {
+            tracing::error!(%key, instance, error = %e, "instance owner not persisted (kept in memory)");
+        }
+        Ok(Claim::Taken { previous })
+    }
+
+    /// Gives a [`Owners::claim`] back after the registration failed.
+    pub fn release(&self, key: &ServiceKey, instance: &str, claim: Claim) {
+        let Claim::Taken { previous } = claim else {
+            return;
+        };
+        let mut m = self.map.lock().expect("owners");
+        let id = (key.to_string(), instance.to_owned());
+        match previous {
+            Some(o) => m.insert(id, o),
+            None => m.remove(&id),
+        };
+        if let Err(e) = self.save(&m) {
+            tracing::error!(%key, instance, error = %e, "instance owner not persisted (kept in memory)");
+        }
     }
 
     /// Forgets an instance (deregistered) and persists.
@@ -739,6 +799,27 @@ mod tests {
             })
         );
         assert_eq!(again.get(&k, "web-2"), None);
+        // Claims: free ids are taken, another uid's are refused unless it may take over, and a
+        // failed registration gives the claim back.
+        let a = Owner {
+            uid: 1001,
+            gid: 1001,
+        };
+        let b = Owner {
+            uid: 1002,
+            gid: 1002,
+        };
+        assert_eq!(again.claim(&k, "web-1", a, false), Ok(Claim::Unchanged));
+        assert_eq!(again.claim(&k, "web-1", b, false), Err(a));
+        let c = again.claim(&k, "web-3", b, false).unwrap();
+        assert_eq!(c, Claim::Taken { previous: None });
+        assert_eq!(again.claim(&k, "web-3", a, false), Err(b));
+        again.release(&k, "web-3", c);
+        assert_eq!(again.get(&k, "web-3"), None);
+        let t = again.claim(&k, "web-1", b, true).unwrap();
+        assert_eq!(again.get(&k, "web-1"), Some(b));
+        again.release(&k, "web-1", t);
+        assert_eq!(Owners::load(dir.path()).get(&k, "web-1"), Some(a));
         std::fs::write(dir.path().join(OWNERS_FILE), b"{not json").unwrap();
         assert_eq!(Owners::load(dir.path()).get(&k, "web-1"), None);
     }

@@ -874,12 +874,6 @@ pub async fn register_instance(
         endpoint,
         lease_ms: b.lease_ms.unwrap_or(shared.cfg.raw.authority.lease_ms),
     };
-    let records = publish(shared, client::call_for(shared, body, who.cloned()).await?).await;
-    let generation = records
-        .iter()
-        .rev()
-        .find(|r| r.record.instance == instance)
-        .map(|r| r.record.generation);
     let owner = who.map_or(
         Owner {
             uid: shared.cfg.agent_uid,
@@ -890,9 +884,42 @@ pub async fn register_instance(
             gid: w.gid,
         },
     );
-    if let Err(e) = shared.owners.set(&key, instance.as_str(), owner) {
-        tracing::error!(%key, %instance, error = %e, "instance owner not persisted (kept in memory)");
-    }
+    // Claim the instance id before forwarding, so two callers racing for one id cannot both
+    // pass the ownership check; a failed registration gives the claim back.
+    let may_take_over = who.is_none_or(|w| shared.cfg.access.allows(w, Action::ChangeOthers, &key));
+    let claim = match shared
+        .owners
+        .claim(&key, instance.as_str(), owner, may_take_over)
+    {
+        Ok(c) => c,
+        Err(other) => {
+            let who = who.expect("the agent itself may always take over");
+            return Err(forbidden(
+                shared,
+                who,
+                "register",
+                Denied {
+                    code: "not_owner",
+                    reason: format!(
+                        "instance `{instance}` of {key} is owned by uid {}; uid {} may not change it (needs ownership, or orchestrator/admin)",
+                        other.uid, who.uid
+                    ),
+                },
+            ));
+        }
+    };
+    let records = match client::call_for(shared, body, who.cloned()).await {
+        Ok(ok) => publish(shared, ok).await,
+        Err(e) => {
+            shared.owners.release(&key, instance.as_str(), claim);
+            return Err(e.into());
+        }
+    };
+    let generation = records
+        .iter()
+        .rev()
+        .find(|r| r.record.instance == instance)
+        .map(|r| r.record.generation);
     let exec_as = who
         .filter(|w| w.uid != shared.cfg.agent_uid)
         .map(|w| ExecAs {
