@@ -41,6 +41,10 @@ dev_authority = true
 
 [authority]
 $auth
+
+[access]
+# Development policy: every local caller may do everything (logged loudly at start).
+dev_allow_all = true
 CONF
   "$SHOAL" agent --config "$name.toml" >"$name.log" 2>&1 &
   echo $! > "$name.pid"

@@ -144,6 +144,10 @@ addresses = [$(IFS=,; echo "${rpc_addrs[*]}")]
 
 [membership]
 $SWIM
+
+[access]
+# Development policy: every local caller may do everything (logged loudly at start).
+dev_allow_all = true
 CONF
     spawn "$name" "$D/$name.log" env SHOAL_LOG=info "$SHOAL" agent --config "$D/$name.toml"
     printf '%s\t%s\t%s\t%s\n' "$region" "$name" "$ip" "$D/$name.sock" >> "$RUN_DIR/agents.tsv"

@@ -4,10 +4,13 @@
 //! 2. transport (mTLS QUIC) bound; the certificate must name this node and region;
 //! 3. keyring from `[trust]` (+ the dev authority key when asked, + our own node key);
 //! 4. the persisted snapshot (newest valid generation) installed into the mesh's catalog;
-//! 5. tasks: the driver, auto-join (backoff with full jitter until Active, again after Idle),
-//!    authority status ping, the local API on the unix socket, `/metrics`, and registration of
-//!    the instances declared in the config file;
-//! 6. on SIGTERM / SIGINT: graceful leave, final snapshot, socket removed.
+//! 5. the soft `RLIMIT_NOFILE` raised to the hard limit and the local API's connection caps
+//!    sized below it ([`crate::listener`]);
+//! 6. tasks: the driver, auto-join (backoff with full jitter until Active, again after Idle),
+//!    authority status ping, the local API on the unix socket (peer credentials, `[access]`
+//!    policy, caps and timeouts), `/metrics`, and registration of the instances declared in
+//!    the config file;
+//! 7. on SIGTERM / SIGINT: graceful leave, final snapshot, socket removed.
 
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
@@ -29,7 +32,7 @@ use crate::config::Validated;
 use crate::dev_authority::{dev_key, DevAuthority};
 use crate::driver::Driver;
 use crate::keys::{self, Jitter};
-use crate::probes::{ProbeSet, ProbeSignal};
+use crate::probes::{ExecAs, ProbeSet, ProbeSignal};
 use crate::state::{DriverCmd, Shared, Status};
 
 /// Runs the agent until `shutdown` resolves (or SIGTERM/SIGINT when `None`).
@@ -131,6 +134,30 @@ pub async fn run_until(
         );
         DevAuthority::open(cfg.region.clone(), cfg.node_id.clone(), &raw.data_dir)
     });
+    if cfg.access.dev_allow_all() {
+        tracing::warn!(
+            "=== DEVELOPMENT ACCESS POLICY ([access] dev_allow_all = true): EVERY local caller may register, change and eject ANY instance; NOT FOR PRODUCTION ==="
+        );
+    }
+    let (nofile, nofile_hard) = crate::listener::raise_nofile_limit();
+    let api_cfg = &raw.api;
+    let (max_total, max_per_uid) = crate::listener::connection_caps(
+        api_cfg.max_connections,
+        api_cfg.max_connections_per_uid,
+        nofile,
+        api_cfg.fd_reserve,
+    );
+    tracing::info!(
+        nofile,
+        nofile_hard,
+        fd_reserve = api_cfg.fd_reserve,
+        max_connections = max_total,
+        max_connections_per_uid = max_per_uid,
+        "local API connection caps"
+    );
+    metrics::gauge!("shoal_api_connection_cap", "scope" => "total").set(max_total as f64);
+    metrics::gauge!("shoal_api_connection_cap", "scope" => "per_uid").set(max_per_uid as f64);
+    let owners = crate::access::Owners::load(&raw.data_dir);
     let (driver_tx, driver_rx) = mpsc::channel(4096);
     let (index_tx, _) = watch::channel(1u64);
     let shared = Arc::new(Shared {
@@ -141,6 +168,8 @@ pub async fn run_until(
         boot,
         probe_permits: Arc::new(tokio::sync::Semaphore::new(raw.probes.max_concurrent)),
         probe_tasks: Mutex::new(Default::default()),
+        owners,
+        refusals: Default::default(),
         mesh: RwLock::new(mesh),
         origin: tokio::time::Instant::now(),
         index: index_tx,
@@ -165,14 +194,23 @@ pub async fn run_until(
         tokio::spawn(register_configured(shared.clone())),
     ];
     let socket = shared.cfg.raw.socket.clone();
-    let listener = bind_socket(&socket)?;
+    let listener = bind_socket(
+        &socket,
+        shared.cfg.raw.api.socket_mode,
+        shared.cfg.socket_gid,
+    )?;
     let app = crate::api::router(shared.clone());
-    tasks.push(tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "local API stopped");
-        }
-    }));
+    let limiter = crate::listener::ConnLimiter::new(max_total, max_per_uid);
+    let serve_cfg = crate::listener::ServeConfig {
+        header_read_timeout: Duration::from_millis(shared.cfg.raw.api.header_read_timeout_ms),
+    };
+    tasks.push(tokio::spawn(crate::listener::serve(
+        listener, app, limiter, serve_cfg,
+    )));
     if let Some(addr) = shared.cfg.raw.metrics {
+        if !addr.ip().is_loopback() {
+            tracing::warn!(%addr, "metrics served on a NON-LOOPBACK address (metrics_allow_non_loopback = true): unauthenticated");
+        }
         let l = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("metrics listener {addr}"))?;
@@ -196,7 +234,11 @@ pub async fn run_until(
     Ok(())
 }
 
-fn bind_socket(path: &std::path::Path) -> anyhow::Result<tokio::net::UnixListener> {
+fn bind_socket(
+    path: &std::path::Path,
+    mode: u32,
+    gid: Option<u32>,
+) -> anyhow::Result<tokio::net::UnixListener> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("socket dir {}", dir.display()))?;
     }
@@ -208,7 +250,11 @@ fn bind_socket(path: &std::path::Path) -> anyhow::Result<tokio::net::UnixListene
     }
     let l = tokio::net::UnixListener::bind(path)
         .with_context(|| format!("bind socket {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+    if let Some(gid) = gid {
+        std::os::unix::fs::chown(path, None, Some(gid))
+            .with_context(|| format!("chown socket {} to gid {gid}", path.display()))?;
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
     Ok(l)
 }
 
@@ -304,7 +350,7 @@ async fn register_configured(shared: Arc<Shared>) {
         };
         let mut attempt = 0u32;
         loop {
-            match crate::api::register_instance(&shared, key.clone(), &body).await {
+            match crate::api::register_instance(&shared, key.clone(), &body, None).await {
                 Ok(_) => break,
                 Err(e) => {
                     tracing::warn!(instance = %inst.instance, ?e, "registration failed; retrying");
@@ -325,6 +371,7 @@ pub fn start_probes(
     generation: Generation,
     addr: SocketAddr,
     set: ProbeSet,
+    exec_as: Option<ExecAs>,
 ) {
     stop_probes(shared, &key, &instance);
     if set.is_empty() {
@@ -337,6 +384,7 @@ pub fn start_probes(
         let probes = tokio::spawn(crate::probes::run_instance(
             set,
             addr,
+            exec_as,
             s.probe_permits.clone(),
             tx,
         ));
@@ -396,7 +444,7 @@ async fn on_probe_signal(
                 });
             if starting {
                 tracing::info!(%key, %instance, "startup and readiness passed: requesting READY");
-                if let Err(e) = crate::api::transition(shared, key, instance, "ready").await {
+                if let Err(e) = crate::api::transition(shared, key, instance, "ready", None).await {
                     tracing::warn!(%key, %instance, ?e, "automatic READY failed");
                 }
             }

@@ -2,9 +2,17 @@
 //! reference (served at `/v1/openapi.json`).
 //!
 //! Read paths build views under the mesh read lock and never wait on the authority. Bad input
-//! (malformed JSON, unknown fields, bodies over [`MAX_BODY_BYTES`], invalid service keys or
-//! parameters) gets a 400 with `{"error": ...}` and is counted in
-//! `shoal_rejected_inputs_total{source="api"}`.
+//! (malformed JSON, unknown fields, invalid service keys or parameters) gets a 400 with
+//! `{"error": ..., "reason": ...}` and is counted in `shoal_rejected_inputs_total{source="api"}`;
+//! a body over `[api] max_body_bytes` gets 413, one slower than `body_read_timeout_ms` 408.
+//!
+//! Every request carries the caller's [`LocalCaller`] (peer credentials, see
+//! [`crate::listener`]); writes are authorised by [`crate::access`] and refused with 403
+//! `{"error": <sentence>, "reason": <code>}` unless granted. Every write, accepted or refused,
+//! is counted in `shoal_api_writes_total{route,result}` (`result`: `accepted`, `refused` (403),
+//! `invalid` (other 4xx), `failed` (authority refused or unavailable)); local refusals also in
+//! `shoal_api_refusals_total{route,reason}` and logged once per caller, route and reason.
+//! Writes that reach the authority name the caller in its audit log (`on_behalf_of`).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -12,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Extension, Path, RawQuery, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -22,18 +30,19 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use shoal_catalog::view::{self, EndpointState, EndpointView};
 use shoal_mesh::Command;
-use shoal_proto::rpc::{AuthorityOk, AuthorityRequestBody};
+use shoal_proto::rpc::{AuthorityOk, AuthorityRequestBody, LocalCaller};
 use shoal_proto::{
     EndpointSpec, HealthStatus, InstanceId, LabelDimension, Labels, LifecycleState, ServiceKey,
     TransitionReason, Version, Zone,
 };
 
+use crate::access::{Action, Denied, Owner};
 use crate::client::{self, CallError};
 use crate::keys::Jitter;
-use crate::probes::ProbeSet;
+use crate::probes::{ExecAs, ProbeSet};
 use crate::state::{ApplyTimes, DriverCmd, Shared, ViewLiveness, MAX_EJECTIONS};
 
-/// Largest request body accepted.
+/// Default largest request body accepted (`[api] max_body_bytes`).
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// Longest local ejection a report may ask for, ms.
 pub const MAX_EJECT_MS: u64 = 10 * 60 * 1000;
@@ -60,6 +69,36 @@ impl ApiError {
     fn new(status: StatusCode, body: Value) -> Self {
         Self { status, body }
     }
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+    /// The JSON body.
+    pub fn body(&self) -> &Value {
+        &self.body
+    }
+}
+
+/// A local refusal: counted, logged once per (caller, route, reason), 403 with the reason.
+fn forbidden(shared: &Shared, who: &LocalCaller, route: &'static str, d: Denied) -> ApiError {
+    counter!("shoal_api_refusals_total", "route" => route, "reason" => d.code).increment(1);
+    shared.refusals.log(who, route, &d);
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        json!({"error": d.reason, "reason": d.code, "uid": who.uid, "gid": who.gid}),
+    )
+}
+
+/// Counts one write in `shoal_api_writes_total{route,result}`.
+fn count_write<T>(route: &'static str, r: &Result<T, ApiError>) {
+    let result = match r {
+        Ok(_) => "accepted",
+        Err(e) if e.status == StatusCode::FORBIDDEN => "refused",
+        Err(e) if e.status == StatusCode::CONFLICT => "failed",
+        Err(e) if e.status.is_client_error() => "invalid",
+        Err(_) => "failed",
+    };
+    counter!("shoal_api_writes_total", "route" => route, "result" => result).increment(1);
 }
 
 impl IntoResponse for ApiError {
@@ -353,7 +392,10 @@ fn service_view(shared: &Shared, key: &ServiceKey) -> (Vec<TimedView>, u64, u64)
     (endpoints, v.modify_index, v.catalog_index)
 }
 
-async fn services(State(shared): State<Arc<Shared>>) -> Response {
+async fn services(
+    State(shared): State<Arc<Shared>>,
+    Extension(who): Extension<LocalCaller>,
+) -> Response {
     let list: Vec<Value> = {
         let now = shared.now_ms();
         let mesh = shared.mesh.read().expect("mesh lock");
@@ -365,6 +407,7 @@ async fn services(State(shared): State<Arc<Shared>>) -> Response {
         };
         mesh.catalog()
             .service_keys()
+            .filter(|k| shared.cfg.access.allows(&who, Action::Read, k))
             .map(|k| {
                 let s = mesh.catalog().service(k);
                 let total = s.map_or(0, |s| {
@@ -404,12 +447,22 @@ async fn block(shared: &Shared, index: u64, wait_ms: Option<u64>) {
     }
 }
 
+fn check_read(shared: &Shared, who: &LocalCaller, key: &ServiceKey) -> Result<(), ApiError> {
+    shared
+        .cfg
+        .access
+        .check(who, Action::Read, key)
+        .map_err(|d| forbidden(shared, who, "read", d))
+}
+
 async fn endpoints(
     State(shared): State<Arc<Shared>>,
+    Extension(who): Extension<LocalCaller>,
     Path((ns, svc, port)): Path<(String, String, String)>,
     RawQuery(raw): RawQuery,
 ) -> ApiResult {
     let key = service_key(&ns, &svc, &port)?;
+    check_read(&shared, &who, &key)?;
     let q = parse_query(raw)?;
     if let Some(index) = q.index {
         block(&shared, index, q.wait_ms).await;
@@ -430,10 +483,12 @@ async fn endpoints(
 
 async fn pick(
     State(shared): State<Arc<Shared>>,
+    Extension(who): Extension<LocalCaller>,
     Path((ns, svc, port)): Path<(String, String, String)>,
     RawQuery(raw): RawQuery,
 ) -> ApiResult {
     let key = service_key(&ns, &svc, &port)?;
+    check_read(&shared, &who, &key)?;
     let q = parse_query(raw)?;
     let r = Jitter::new().next_u64();
     let picked = {
@@ -480,15 +535,34 @@ async fn pick(
     }
 }
 
-async fn read_json<T: serde::de::DeserializeOwned>(body: Body) -> Result<T, ApiError> {
-    let bytes: Bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
-        .await
-        .map_err(|_| {
-            ApiError::bad(
-                "body_too_large",
-                format!("body exceeds {MAX_BODY_BYTES} bytes"),
-            )
-        })?;
+/// Reads a request body within `[api] max_body_bytes` and `body_read_timeout_ms`.
+async fn read_body(shared: &Shared, body: Body) -> Result<Bytes, ApiError> {
+    let max = shared.cfg.raw.api.max_body_bytes;
+    let timeout = Duration::from_millis(shared.cfg.raw.api.body_read_timeout_ms);
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, max)).await {
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(_)) => {
+            crate::metrics::rejected("api", "body_too_large");
+            Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                json!({"error": format!("body exceeds {max} bytes (or was cut off)"), "reason": "body_too_large"}),
+            ))
+        }
+        Err(_) => {
+            crate::metrics::rejected("api", "body_timeout");
+            Err(ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                json!({"error": format!("body not received within {} ms", timeout.as_millis()), "reason": "body_timeout"}),
+            ))
+        }
+    }
+}
+
+async fn read_json<T: serde::de::DeserializeOwned>(
+    shared: &Shared,
+    body: Body,
+) -> Result<T, ApiError> {
+    let bytes = read_body(shared, body).await?;
     serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad("bad_json", format!("invalid JSON body: {e}")))
 }
@@ -508,11 +582,31 @@ struct ReportBody {
 
 async fn report(
     State(shared): State<Arc<Shared>>,
+    Extension(who): Extension<LocalCaller>,
     Path((ns, svc, port)): Path<(String, String, String)>,
     body: Body,
 ) -> ApiResult {
-    let key = service_key(&ns, &svc, &port)?;
-    let b: ReportBody = read_json(body).await?;
+    let r = report_inner(&shared, &who, &ns, &svc, &port, body).await;
+    count_write("report", &r);
+    r
+}
+
+async fn report_inner(
+    shared: &Arc<Shared>,
+    who: &LocalCaller,
+    ns: &str,
+    svc: &str,
+    port: &str,
+    body: Body,
+) -> ApiResult {
+    let shared = shared.clone();
+    let key = service_key(ns, svc, port)?;
+    shared
+        .cfg
+        .access
+        .check(who, Action::Report, &key)
+        .map_err(|d| forbidden(&shared, who, "report", d))?;
+    let b: ReportBody = read_json(&shared, body).await?;
     let instance = InstanceId::new(b.instance)
         .map_err(|e| ApiError::bad("bad_instance", format!("invalid instance id: {e}")))?;
     let failed = match b.outcome.as_str() {
@@ -629,33 +723,148 @@ fn endpoint_spec(shared: &Shared, b: &RegisterBody) -> Result<EndpointSpec, ApiE
 
 async fn register(
     State(shared): State<Arc<Shared>>,
+    Extension(who): Extension<LocalCaller>,
     Path((ns, svc, port)): Path<(String, String, String)>,
     body: Body,
 ) -> ApiResult {
-    let key = service_key(&ns, &svc, &port)?;
-    let b: RegisterBody = read_json(body).await?;
+    let r = register_inner(&shared, &who, &ns, &svc, &port, body).await;
+    count_write("register", &r);
+    r
+}
+
+async fn register_inner(
+    shared: &Arc<Shared>,
+    who: &LocalCaller,
+    ns: &str,
+    svc: &str,
+    port: &str,
+    body: Body,
+) -> ApiResult {
+    let key = service_key(ns, svc, port)?;
+    shared
+        .cfg
+        .access
+        .check(who, Action::Register, &key)
+        .map_err(|d| forbidden(shared, who, "register", d))?;
+    let b: RegisterBody = read_json(shared, body).await?;
     b.probes
         .validate()
         .map_err(|e| ApiError::bad("bad_probe", e))?;
-    let (records, generation) = register_instance(&shared, key.clone(), &b).await?;
+    let (records, generation) = register_instance(shared, key.clone(), &b, Some(who)).await?;
     Ok(with_index(
-        &shared,
+        shared,
         StatusCode::OK,
         json!({"service": key.to_string(), "instance": b.instance, "generation": generation, "records": records}),
     ))
 }
 
+/// Who may change `instance` of `key`: its owner (with `change_own`, or `register` when
+/// `action` is a re-registration), or an orchestrator / admin of `key`.
+fn check_owner(
+    shared: &Shared,
+    who: &LocalCaller,
+    key: &ServiceKey,
+    instance: &InstanceId,
+    own_action: Action,
+    route: &'static str,
+) -> Result<(), ApiError> {
+    let policy = &shared.cfg.access;
+    let deny = |d| Err(forbidden(shared, who, route, d));
+    let on_this_node = || {
+        let mesh = shared.mesh.read().expect("mesh lock");
+        mesh.catalog().entry(key, instance).is_some_and(|e| {
+            let r = &e.lifecycle().record;
+            r.owner == shared.cfg.node_id && r.state != LifecycleState::Expired
+        })
+    };
+    match shared.owners.get(key, instance.as_str()) {
+        Some(o) if o.uid == who.uid => policy
+            .check(who, own_action, key)
+            .or_else(deny),
+        Some(o) if !policy.allows(who, Action::ChangeOthers, key) => deny(Denied {
+            code: "not_owner",
+            reason: format!(
+                "instance `{instance}` of {key} is owned by uid {}; uid {} may not change it (needs ownership, or orchestrator/admin)",
+                o.uid, who.uid
+            ),
+        }),
+        None if own_action == Action::ChangeOwn || on_this_node() => {
+            if policy.allows(who, Action::ChangeOthers, key) {
+                Ok(())
+            } else {
+                deny(Denied {
+                    code: "owner_unknown",
+                    reason: format!(
+                        "instance `{instance}` of {key} has no recorded owner on this agent; only an orchestrator or admin may change it"
+                    ),
+                })
+            }
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Refuses probes the caller may not register: exec probes while disabled or for another uid
+/// on a non-root agent, HTTP/TCP probes aimed anywhere but the instance's own address.
+fn check_probes(
+    shared: &Shared,
+    who: Option<&LocalCaller>,
+    b: &RegisterBody,
+) -> Result<(), ApiError> {
+    b.probes
+        .check_targets(b.address)
+        .map_err(|e| ApiError::bad("probe_target", e))?;
+    if !b.probes.has_exec() {
+        return Ok(());
+    }
+    let Some(who) = who else { return Ok(()) }; // the agent's own config (checked at load)
+    if !shared.cfg.raw.probes.allow_exec {
+        return Err(forbidden(
+            shared,
+            who,
+            "register",
+            Denied {
+                code: "exec_probes_disabled",
+                reason: "exec probes are disabled on this agent ([probes] allow_exec = false); use an http or tcp probe".into(),
+            },
+        ));
+    }
+    if shared.cfg.agent_uid != 0 && who.uid != shared.cfg.agent_uid {
+        return Err(forbidden(
+            shared,
+            who,
+            "register",
+            Denied {
+                code: "exec_probe_uid",
+                reason: format!(
+                    "this agent runs as uid {} (not root) and cannot run an exec probe as uid {}",
+                    shared.cfg.agent_uid, who.uid
+                ),
+            },
+        ));
+    }
+    Ok(())
+}
+
 /// Registers an instance through the authority, publishes the result and starts its probes.
+/// `who`: the local caller (`None`: the agent itself, for `[[instances]]` of its config); the
+/// caller becomes the instance's owner.
 ///
 /// # Errors
-/// [`ApiError`] for bad input or an unavailable / refusing authority.
+/// [`ApiError`] for bad input, a refusal of the local policy, or an unavailable / refusing
+/// authority.
 pub async fn register_instance(
     shared: &Arc<Shared>,
     key: ServiceKey,
     b: &RegisterBody,
+    who: Option<&LocalCaller>,
 ) -> Result<(usize, u64), ApiError> {
     let instance = InstanceId::new(b.instance.clone())
         .map_err(|e| ApiError::bad("bad_instance", format!("invalid instance id: {e}")))?;
+    if let Some(who) = who {
+        check_owner(shared, who, &key, &instance, Action::Register, "register")?;
+    }
+    check_probes(shared, who, b)?;
     let endpoint = endpoint_spec(shared, b)?;
     let addr = endpoint.address;
     let body = AuthorityRequestBody::Register {
@@ -665,14 +874,60 @@ pub async fn register_instance(
         endpoint,
         lease_ms: b.lease_ms.unwrap_or(shared.cfg.raw.authority.lease_ms),
     };
-    let records = publish(shared, client::call(shared, body).await?).await;
+    let owner = who.map_or(
+        Owner {
+            uid: shared.cfg.agent_uid,
+            gid: nix::unistd::getegid().as_raw(),
+        },
+        |w| Owner {
+            uid: w.uid,
+            gid: w.gid,
+        },
+    );
+    // Claim the instance id before forwarding, so two callers racing for one id cannot both
+    // pass the ownership check; a failed registration gives the claim back.
+    let may_take_over = who.is_none_or(|w| shared.cfg.access.allows(w, Action::ChangeOthers, &key));
+    let claim = match shared
+        .owners
+        .claim(&key, instance.as_str(), owner, may_take_over)
+    {
+        Ok(c) => c,
+        Err(other) => {
+            let who = who.expect("the agent itself may always take over");
+            return Err(forbidden(
+                shared,
+                who,
+                "register",
+                Denied {
+                    code: "not_owner",
+                    reason: format!(
+                        "instance `{instance}` of {key} is owned by uid {}; uid {} may not change it (needs ownership, or orchestrator/admin)",
+                        other.uid, who.uid
+                    ),
+                },
+            ));
+        }
+    };
+    let records = match client::call_for(shared, body, who.cloned()).await {
+        Ok(ok) => publish(shared, ok).await,
+        Err(e) => {
+            shared.owners.release(&key, instance.as_str(), claim);
+            return Err(e.into());
+        }
+    };
     let generation = records
         .iter()
         .rev()
         .find(|r| r.record.instance == instance)
         .map(|r| r.record.generation);
+    let exec_as = who
+        .filter(|w| w.uid != shared.cfg.agent_uid)
+        .map(|w| ExecAs {
+            uid: w.uid,
+            gid: w.gid,
+        });
     if let Some(g) = generation {
-        crate::agent::start_probes(shared, key, instance, g, addr, b.probes.clone());
+        crate::agent::start_probes(shared, key, instance, g, addr, b.probes.clone(), exec_as);
     }
     Ok((records.len(), generation.map_or(0, |g| g.0)))
 }
@@ -698,16 +953,30 @@ async fn publish(shared: &Arc<Shared>, ok: AuthorityOk) -> Vec<Arc<shoal_proto::
     lifecycle
 }
 
-/// Requests a lifecycle transition of a local instance (`ready`, `drain`, `deregister`).
+/// Requests a lifecycle transition of a local instance (`ready`, `drain`, `deregister`) for
+/// `who` (`None`: the agent itself, e.g. READY after probes passed).
 ///
 /// # Errors
-/// [`ApiError`]: unknown / not-local instance, unavailable or refusing authority.
+/// [`ApiError`]: refused by the local policy, unknown / not-local instance, unavailable or
+/// refusing authority.
 pub async fn transition(
     shared: &Arc<Shared>,
     key: &ServiceKey,
     instance: &InstanceId,
     action: &str,
+    who: Option<&LocalCaller>,
 ) -> Result<Value, ApiError> {
+    if let Some(who) = who {
+        let route = route_of(action);
+        let policy = &shared.cfg.access;
+        if !policy.allows(who, Action::ChangeOwn, key)
+            && !policy.allows(who, Action::ChangeOthers, key)
+        {
+            let d = policy.check(who, Action::ChangeOwn, key).unwrap_err();
+            return Err(forbidden(shared, who, route, d));
+        }
+        check_owner(shared, who, key, instance, Action::ChangeOwn, route)?;
+    }
     let current = {
         let mesh = shared.mesh.read().expect("mesh lock");
         mesh.catalog()
@@ -747,9 +1016,12 @@ pub async fn transition(
         to,
         reason,
     };
-    let records = publish(shared, client::call(shared, body).await?).await;
+    let records = publish(shared, client::call_for(shared, body, who.cloned()).await?).await;
     if to == LifecycleState::Expired {
         crate::agent::stop_probes(shared, key, instance);
+        if let Err(e) = shared.owners.remove(key, instance.as_str()) {
+            tracing::error!(%key, %instance, error = %e, "instance owner removal not persisted");
+        }
     }
     Ok(json!({
         "service": key.to_string(),
@@ -760,25 +1032,40 @@ pub async fn transition(
     }))
 }
 
+/// The metric route label of a lifecycle action.
+fn route_of(action: &str) -> &'static str {
+    match action {
+        "ready" => "ready",
+        "drain" => "drain",
+        "deregister" => "deregister",
+        _ => "lifecycle",
+    }
+}
+
 async fn lifecycle(
     State(shared): State<Arc<Shared>>,
+    Extension(who): Extension<LocalCaller>,
     Path((ns, svc, port, instance, action)): Path<(String, String, String, String, String)>,
     body: Body,
 ) -> ApiResult {
-    let key = service_key(&ns, &svc, &port)?;
-    let instance = InstanceId::new(instance)
-        .map_err(|e| ApiError::bad("bad_instance", format!("invalid instance id: {e}")))?;
-    // Bodies are not used, but still bounded.
-    axum::body::to_bytes(body, MAX_BODY_BYTES)
-        .await
-        .map_err(|_| {
-            ApiError::bad(
-                "body_too_large",
-                format!("body exceeds {MAX_BODY_BYTES} bytes"),
-            )
-        })?;
-    let out = transition(&shared, &key, &instance, &action).await?;
-    Ok(with_index(&shared, StatusCode::OK, out))
+    let r = async {
+        let key = service_key(&ns, &svc, &port)?;
+        let instance = InstanceId::new(instance)
+            .map_err(|e| ApiError::bad("bad_instance", format!("invalid instance id: {e}")))?;
+        if route_of(&action) == "lifecycle" {
+            return Err(ApiError::bad(
+                "bad_action",
+                format!("unknown action `{action}` (ready, drain, deregister)"),
+            ));
+        }
+        // Bodies are not used, but still bounded in size and time.
+        read_body(&shared, body).await?;
+        let out = transition(&shared, &key, &instance, &action, Some(&who)).await?;
+        Ok(with_index(&shared, StatusCode::OK, out))
+    }
+    .await;
+    count_write(route_of(&action), &r);
+    r
 }
 
 async fn agent_self(State(shared): State<Arc<Shared>>) -> Response {
@@ -805,6 +1092,12 @@ async fn agent_self(State(shared): State<Arc<Shared>>) -> Response {
     body.insert("catalog_index".into(), json!(catalog_index));
     body.insert("version".into(), json!(env!("CARGO_PKG_VERSION")));
     body.insert("dev_authority".into(), json!(shared.cfg.raw.authority.dev));
+    if shared.cfg.access.dev_allow_all() {
+        body.insert(
+            "dev_access_warning".into(),
+            json!("DEVELOPMENT ACCESS POLICY IN USE ([access] dev_allow_all): every local caller may write anything"),
+        );
+    }
     if let Some(k) = &shared.dev_authority_key_hex {
         body.insert(
             "dev_authority_warning".into(),

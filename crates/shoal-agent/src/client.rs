@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use metrics::{counter, histogram};
-use shoal_proto::rpc::{AuthorityError, AuthorityOk, AuthorityRequestBody};
+use shoal_proto::rpc::{AuthorityError, AuthorityOk, AuthorityRequestBody, LocalCaller};
 use tokio::sync::oneshot;
 
 use crate::keys::Jitter;
@@ -41,7 +41,7 @@ fn op_name(body: &AuthorityRequestBody) -> &'static str {
     }
 }
 
-/// Calls the authority (or the in-process development authority).
+/// Calls the authority (or the in-process development authority) for the agent itself.
 ///
 /// # Errors
 /// [`CallError`]; the agent's status records the last unavailability for `/v1/agent/health`.
@@ -49,9 +49,21 @@ pub async fn call(
     shared: &Arc<Shared>,
     body: AuthorityRequestBody,
 ) -> Result<AuthorityOk, CallError> {
+    call_for(shared, body, None).await
+}
+
+/// As [`call`], forwarding on behalf of a local process (named in the authority's audit log).
+///
+/// # Errors
+/// As [`call`].
+pub async fn call_for(
+    shared: &Arc<Shared>,
+    body: AuthorityRequestBody,
+    on_behalf_of: Option<LocalCaller>,
+) -> Result<AuthorityOk, CallError> {
     let op = op_name(&body);
     let started = tokio::time::Instant::now();
-    let result = call_inner(shared, body).await;
+    let result = call_inner(shared, body, on_behalf_of).await;
     let elapsed = started.elapsed().as_secs_f64();
     let label = match &result {
         Ok(_) => "ok",
@@ -78,6 +90,7 @@ pub async fn call(
 async fn call_inner(
     shared: &Arc<Shared>,
     body: AuthorityRequestBody,
+    on_behalf_of: Option<LocalCaller>,
 ) -> Result<AuthorityOk, CallError> {
     let cfg = &shared.cfg.raw.authority;
     let mut targets: Vec<Option<std::net::SocketAddr>> = if cfg.dev {
@@ -107,6 +120,7 @@ async fn call_inner(
         let cmd = DriverCmd::Authority {
             to,
             body: body.clone(),
+            on_behalf_of: on_behalf_of.clone(),
             reply: tx,
         };
         if shared.driver.send(cmd).await.is_err() {

@@ -21,7 +21,36 @@
 //!
 //! [authority]
 //! addresses = ["10.0.0.10:7946"]
+//!
+//! [api]                             # local API limits (defaults shown)
+//! header_read_timeout_ms = 10000    # request head must arrive within this (idle keep-alive too)
+//! body_read_timeout_ms = 10000      # request body must arrive within this (408 otherwise)
+//! max_body_bytes = 65536            # larger bodies: 413
+//! max_connections = 4096            # total; capped at RLIMIT_NOFILE - fd_reserve (503 over it)
+//! max_connections_per_uid = 512     # per peer uid (429 over it)
+//! fd_reserve = 256                  # descriptors kept for persistence, the mesh, probes, logs
+//! socket_mode = 0o660               # the outer gate: who may open the socket at all
+//! socket_group = "shoal-clients"    # optional group of the socket (chown at start)
+//!
+//! [probes]
+//! allow_exec = false                # exec probes refused unless true (they run as the registrant)
+//!
+//! [access]                          # who may write (see `crate::access`); writes fail closed
+//! reads = "open"                    # or "granted"
+//! [[access.grants]]
+//! users = ["web"]
+//! services = ["prod/web/*"]
+//! rights = ["register", "change_own"]
+//! [[access.grants]]
+//! groups = ["deployers"]
+//! services = ["prod/*"]
+//! rights = ["orchestrator"]
 //! ```
+//!
+//! The metrics listener must be a loopback address unless `metrics_allow_non_loopback = true`
+//! (the metrics carry service names and counts; there is no authentication on it).
+//! `[access] dev_allow_all = true` (every local caller may do everything) is for the local
+//! development scripts only and is logged loudly at start.
 //!
 //! Common fields can be overridden from the environment (`SHOAL_NODE_ID`, `SHOAL_REGION`,
 //! `SHOAL_ZONE`, `SHOAL_DATA_DIR`, `SHOAL_LISTEN`, `SHOAL_SOCKET`, `SHOAL_METRICS`,
@@ -99,6 +128,9 @@ pub struct AgentConfig {
     /// Loopback TCP address of `/metrics` (None: metrics not served).
     #[serde(default)]
     pub metrics: Option<SocketAddr>,
+    /// Allow a non-loopback `metrics` address (unauthenticated; off by default).
+    #[serde(default)]
+    pub metrics_allow_non_loopback: bool,
     /// Seed addresses `host:port` (IP or DNS name, resolved at every join attempt).
     #[serde(default)]
     pub seeds: Vec<String>,
@@ -128,6 +160,9 @@ pub struct AgentConfig {
     /// Health probe limits.
     #[serde(default)]
     pub probes: ProbesConfig,
+    /// Who may do what on the local socket.
+    #[serde(default)]
+    pub access: crate::access::AccessConfig,
     /// Instances declared in the file (registered at start).
     #[serde(default)]
     pub instances: Vec<InstanceConfig>,
@@ -270,6 +305,50 @@ pub struct ApiConfig {
     /// Default local ejection after a failure report, ms.
     #[serde(default = "default_eject_ms")]
     pub eject_ms: u64,
+    /// A connection's request head must arrive within this, ms (idle keep-alive included).
+    #[serde(default = "default_io_timeout_ms")]
+    pub header_read_timeout_ms: u64,
+    /// A request body must arrive within this, ms (408 otherwise).
+    #[serde(default = "default_io_timeout_ms")]
+    pub body_read_timeout_ms: u64,
+    /// Largest request body, bytes (413 over it).
+    #[serde(default = "default_max_body_bytes")]
+    pub max_body_bytes: usize,
+    /// Most open local API connections in total (503 over it); lowered at start to the fd
+    /// limit minus `fd_reserve`.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Most open local API connections per peer uid (429 over it).
+    #[serde(default = "default_max_connections_per_uid")]
+    pub max_connections_per_uid: usize,
+    /// File descriptors kept out of the connection budget (persistence, mesh, probes, logs).
+    #[serde(default = "default_fd_reserve")]
+    pub fd_reserve: usize,
+    /// Mode of the socket file (the outer gate: who may connect at all).
+    #[serde(default = "default_socket_mode")]
+    pub socket_mode: u32,
+    /// Group given to the socket file at start (name or numeric gid).
+    #[serde(default)]
+    pub socket_group: Option<String>,
+}
+
+fn default_io_timeout_ms() -> u64 {
+    10_000
+}
+fn default_max_body_bytes() -> usize {
+    64 * 1024
+}
+fn default_max_connections() -> usize {
+    4_096
+}
+fn default_max_connections_per_uid() -> usize {
+    512
+}
+fn default_fd_reserve() -> usize {
+    256
+}
+fn default_socket_mode() -> u32 {
+    0o660
 }
 
 fn default_staleness_ms() -> u64 {
@@ -288,6 +367,14 @@ impl Default for ApiConfig {
             staleness_budget_ms: default_staleness_ms(),
             max_wait_ms: default_max_wait_ms(),
             eject_ms: default_eject_ms(),
+            header_read_timeout_ms: default_io_timeout_ms(),
+            body_read_timeout_ms: default_io_timeout_ms(),
+            max_body_bytes: default_max_body_bytes(),
+            max_connections: default_max_connections(),
+            max_connections_per_uid: default_max_connections_per_uid(),
+            fd_reserve: default_fd_reserve(),
+            socket_mode: default_socket_mode(),
+            socket_group: None,
         }
     }
 }
@@ -327,6 +414,11 @@ pub struct ProbesConfig {
     /// Probes running at once on this node (capacity protection).
     #[serde(default = "default_probe_concurrency")]
     pub max_concurrent: usize,
+    /// Accept `exec` probes (off by default). They run as the registering uid/gid with an
+    /// empty environment (PATH only), bounded output, and their process group killed on
+    /// timeout; an agent not running as root refuses exec probes from other uids.
+    #[serde(default)]
+    pub allow_exec: bool,
 }
 
 fn default_probe_concurrency() -> usize {
@@ -337,6 +429,7 @@ impl Default for ProbesConfig {
     fn default() -> Self {
         Self {
             max_concurrent: default_probe_concurrency(),
+            allow_exec: false,
         }
     }
 }
@@ -460,6 +553,12 @@ pub struct Validated {
     pub node_keys: Vec<(NodeId, VerifyingKey)>,
     /// Mesh tuning after overrides.
     pub mesh: MeshConfig,
+    /// The compiled `[access]` policy (names resolved at start).
+    pub access: crate::access::Policy,
+    /// The agent's effective uid (an admin of the local API).
+    pub agent_uid: u32,
+    /// Gid for the socket file, when `[api] socket_group` is set.
+    pub socket_gid: Option<u32>,
 }
 
 /// Loads, overrides and validates.
@@ -543,10 +642,45 @@ pub fn validate(raw: AgentConfig) -> Result<Validated, ConfigError> {
         return Err(invalid("listen", "port 0 needs `advertise`"));
     }
     if let Some(m) = raw.metrics {
-        if !m.ip().is_loopback() {
-            return Err(invalid("metrics", "must be a loopback address"));
+        if !m.ip().is_loopback() && !raw.metrics_allow_non_loopback {
+            return Err(invalid(
+                "metrics",
+                format!("{m} is not a loopback address (set metrics_allow_non_loopback = true to force)"),
+            ));
         }
     }
+    let api = &raw.api;
+    if api.header_read_timeout_ms == 0 || api.body_read_timeout_ms == 0 {
+        return Err(invalid(
+            "api.header_read_timeout_ms",
+            "header and body read timeouts must be > 0",
+        ));
+    }
+    if api.max_body_bytes == 0 || api.max_body_bytes > 16 * 1024 * 1024 {
+        return Err(invalid("api.max_body_bytes", "must be in 1..=16 MiB"));
+    }
+    if api.max_connections == 0 || api.max_connections_per_uid == 0 {
+        return Err(invalid(
+            "api.max_connections",
+            "connection caps must be >= 1",
+        ));
+    }
+    if api.socket_mode > 0o777 {
+        return Err(invalid("api.socket_mode", "must be a file mode (<= 0o777)"));
+    }
+    let socket_gid = match &api.socket_group {
+        None => None,
+        Some(g) => Some(match g.parse::<u32>() {
+            Ok(gid) => gid,
+            Err(_) => crate::access::Directory::group(&crate::access::SystemDirectory, g)
+                .map(|(gid, _)| gid)
+                .ok_or_else(|| invalid("api.socket_group", format!("unknown group `{g}`")))?,
+        }),
+    };
+    let agent_uid = nix::unistd::geteuid().as_raw();
+    let access =
+        crate::access::Policy::compile(&raw.access, agent_uid, &crate::access::SystemDirectory)
+            .map_err(|e| invalid("access.grants", e))?;
     let mut authority_keys = Vec::new();
     for k in &raw.trust.authority_keys {
         authority_keys.push(parse_key_hex(k).map_err(|e| invalid("trust.authority_keys", e))?);
@@ -586,6 +720,18 @@ pub fn validate(raw: AgentConfig) -> Result<Validated, ConfigError> {
         inst.probes
             .validate()
             .map_err(|e| invalid("instances.probes", e))?;
+        inst.probes
+            .check_targets(inst.address)
+            .map_err(|e| invalid("instances.probes", e))?;
+        if inst.probes.has_exec() && !raw.probes.allow_exec {
+            return Err(invalid(
+                "instances.probes",
+                format!(
+                    "instance `{}` has an exec probe but [probes] allow_exec = false",
+                    inst.instance
+                ),
+            ));
+        }
     }
     let mesh = mesh_config(&raw)?;
     Ok(Validated {
@@ -595,6 +741,9 @@ pub fn validate(raw: AgentConfig) -> Result<Validated, ConfigError> {
         authority_keys,
         node_keys,
         mesh,
+        access,
+        agent_uid,
+        socket_gid,
         raw,
     })
 }

@@ -3,18 +3,26 @@
 //! cluster works before the real (Raft-replicated) authority is deployed. Its state is persisted
 //! in the data directory so revisions and generations keep growing across restarts.
 //!
+//! Every applied command is appended to `audit.log` in the data directory as one JSON
+//! [`shoal_authority::AuditEntry`] per line, the format of the real authority's audit log
+//! (including `on_behalf_of`, the local process a write was made for).
+//!
 //! Never use it in production: anyone can derive the key from the region name.
 
 use std::path::PathBuf;
 
 use shoal_authority::{ApplyContext, AuthorityCommand, AuthorityState, Caller, Refusal};
-use shoal_proto::rpc::{AuthorityError, AuthorityOk, AuthorityRequestBody, AuthorityStatus};
+use shoal_proto::rpc::{
+    AuthorityError, AuthorityOk, AuthorityRequestBody, AuthorityStatus, LocalCaller,
+};
 use shoal_proto::{NodeId, Region, SignedLifecycle, SigningKey};
 
 use crate::keys::write_atomic;
 
 /// File name of the persisted dev authority state.
 pub const DEV_STATE_FILE: &str = "dev-authority.state";
+/// File name of the dev authority's audit log (JSON lines, as the real authority's).
+pub const DEV_AUDIT_FILE: &str = "audit.log";
 
 /// The well-known development key of `region` (INSECURE by construction).
 pub fn dev_key(region: &Region) -> SigningKey {
@@ -31,6 +39,8 @@ pub struct DevAuthority {
     key: SigningKey,
     node: NodeId,
     path: PathBuf,
+    audit_path: PathBuf,
+    audit_failed_logged: bool,
 }
 
 /// A stable code for a refusal (`AuthorityError::Refused::code`).
@@ -68,6 +78,8 @@ impl DevAuthority {
             state,
             node,
             path,
+            audit_path: data_dir.join(DEV_AUDIT_FILE),
+            audit_failed_logged: false,
         }
     }
 
@@ -82,6 +94,17 @@ impl DevAuthority {
         &mut self,
         caller: NodeId,
         body: AuthorityRequestBody,
+    ) -> Result<AuthorityOk, AuthorityError> {
+        self.handle_for(caller, body, None)
+    }
+
+    /// As [`DevAuthority::handle`], for a request forwarded on behalf of a local process
+    /// (recorded in the audit entry).
+    pub fn handle_for(
+        &mut self,
+        caller: NodeId,
+        body: AuthorityRequestBody,
+        on_behalf_of: Option<LocalCaller>,
     ) -> Result<AuthorityOk, AuthorityError> {
         let caller = Caller::Node(caller);
         let cmd = match body {
@@ -147,8 +170,9 @@ impl DevAuthority {
             committed_at_ms,
             signing_key: &self.key,
         };
-        let result = self.state.apply(cmd, ctx);
+        let result = self.state.apply_on_behalf(cmd, ctx, on_behalf_of);
         self.save();
+        self.append_audit();
         match result {
             Ok(records) => Ok(AuthorityOk::Committed { records }),
             Err(Refusal::AlreadyInState(_)) => {
@@ -163,6 +187,26 @@ impl DevAuthority {
                 code: refusal_code(&r).to_owned(),
                 reason: r.to_string(),
             }),
+        }
+    }
+
+    fn append_audit(&mut self) {
+        use std::io::Write;
+        let Some(entry) = self.state.audit().last() else {
+            return;
+        };
+        let line = serde_json::to_string(entry).expect("audit entries serialise");
+        let res = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.audit_path)
+            .and_then(|mut f| writeln!(f, "{line}"));
+        if let Err(e) = res {
+            metrics::counter!("shoal_audit_write_failures_total").increment(1);
+            if !self.audit_failed_logged {
+                tracing::warn!(error = %e, file = %self.audit_path.display(), "DEV AUTHORITY: cannot append audit log");
+                self.audit_failed_logged = true;
+            }
         }
     }
 

@@ -228,9 +228,15 @@ impl Driver {
                 }
             }
             DriverCmd::PersistNow => self.persist(),
-            DriverCmd::Authority { to, body, reply } => match (to, self.dev.as_mut()) {
+            DriverCmd::Authority {
+                to,
+                body,
+                on_behalf_of,
+                reply,
+            } => match (to, self.dev.as_mut()) {
                 (None, Some(dev)) => {
-                    let result = dev.handle(self.shared.cfg.node_id.clone(), body);
+                    let result =
+                        dev.handle_for(self.shared.cfg.node_id.clone(), body, on_behalf_of);
                     let _ = reply.send(result);
                 }
                 (None, None) => {
@@ -238,7 +244,7 @@ impl Driver {
                         "no authority configured".into(),
                     )));
                 }
-                (Some(addr), _) => self.send_rpc(addr, body, reply, now),
+                (Some(addr), _) => self.send_rpc(addr, body, on_behalf_of, reply, now),
             },
         }
     }
@@ -247,6 +253,7 @@ impl Driver {
         &mut self,
         addr: SocketAddr,
         body: shoal_proto::rpc::AuthorityRequestBody,
+        on_behalf_of: Option<shoal_proto::rpc::LocalCaller>,
         reply: oneshot::Sender<Result<AuthorityOk, AuthorityError>>,
         now: u64,
     ) {
@@ -256,7 +263,11 @@ impl Driver {
         }
         self.next_request_id = self.next_request_id.wrapping_add(1);
         let request_id = self.next_request_id;
-        let req = AuthorityRequest { request_id, body };
+        let req = AuthorityRequest {
+            request_id,
+            body,
+            on_behalf_of,
+        };
         // On any failure the reply sender is dropped: the caller sees "unreachable".
         if let Ok(bytes) = envelope::encode(
             MessageKind::AuthorityRequest,

@@ -7,9 +7,10 @@
 //!
 //! Modules, in boot order: [`config`] (TOML, validated), [`keys`] (data dir: node key, boot
 //! generation), [`persist`] (snapshots), [`agent`] (boot and tasks), [`driver`] (the one task
-//! that owns the mesh), [`client`] (authority RPC), [`dev_authority`], [`api`], [`probes`],
-//! [`metrics`].
+//! that owns the mesh), [`client`] (authority RPC), [`dev_authority`], [`listener`] (local socket connections),
+//! [`access`] (who may do what), [`api`], [`probes`], [`metrics`].
 
+pub mod access;
 pub mod agent;
 pub mod api;
 pub mod client;
@@ -17,6 +18,7 @@ pub mod config;
 pub mod dev_authority;
 pub mod driver;
 pub mod keys;
+pub mod listener;
 pub mod metrics;
 pub mod persist;
 pub mod probes;

@@ -23,6 +23,15 @@
 //! `shoal_mesh_bytes_total`), transport counters (`shoal_transport_*`), persistence
 //! (`shoal_persist_total{result}`, `shoal_snapshot_load_refused_total`) and rejected inputs by
 //! reason (`shoal_rejected_inputs_total{source,reason}`).
+//!
+//! The local socket: `shoal_api_writes_total{route,result}` (every write, `result` one of
+//! `accepted`, `refused` (403 by the `[access]` policy), `invalid`, `failed`),
+//! `shoal_api_refusals_total{route,reason}`, `shoal_api_refusal_logs_suppressed_total`,
+//! `shoal_api_connections` (open), `shoal_api_connection_cap{scope}`,
+//! `shoal_api_connections_refused_total{why}` (`per_uid` 429, `total` 503, `no_peer_cred`),
+//! `shoal_api_connections_closed_total{why}` (`header_timeout`, `error`),
+//! `shoal_api_accept_errors_total`; exec probes: `shoal_probe_exec_total{result}`
+//! (`spawn_error`, `timeout_killed`); the dev authority's `shoal_audit_write_failures_total`.
 
 use std::sync::OnceLock;
 

@@ -12,8 +12,18 @@
 //!
 //! Capacity protection: every probe execution takes a permit of one node-wide semaphore
 //! (`[probes] max_concurrent`), and every period is jittered so probes never run in lockstep.
+//!
+//! Probes cannot escalate (ARCHITECTURE 7: the agent never runs caller-supplied commands with
+//! its own privileges):
+//! * HTTP and TCP probes may only target the instance's own registered address
+//!   ([`ProbeSet::check_targets`]), so a registrant cannot make the agent connect elsewhere;
+//! * `exec` probes are refused unless `[probes] allow_exec = true`; when allowed they run as
+//!   the registering uid/gid ([`ExecAs`]; the agent refuses other uids when it is not root),
+//!   in `/`, with an empty environment except `PATH`, in their own process group that is
+//!   killed (SIGKILL) on timeout, stdout/stderr read up to [`MAX_PROBE_OUTPUT`] bytes each.
 
 use std::net::SocketAddr;
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +31,7 @@ use http_body_util::Empty;
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
+use tokio::io::AsyncReadExt;
 use tokio::sync::{mpsc, Semaphore};
 
 use crate::keys::Jitter;
@@ -118,6 +129,20 @@ impl ProbeSpec {
     }
 }
 
+/// Bytes of an exec probe's stdout (and of its stderr) kept for the log; the rest is discarded.
+pub const MAX_PROBE_OUTPUT: usize = 4 * 1024;
+/// The only environment variable an exec probe gets.
+pub const EXEC_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Who an exec probe runs as: the registrant's credentials.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExecAs {
+    /// Uid.
+    pub uid: u32,
+    /// Gid.
+    pub gid: u32,
+}
+
 /// The probes of one instance.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -149,6 +174,43 @@ impl ProbeSet {
             }
         }
         Ok(())
+    }
+
+    /// Checks that HTTP and TCP probes target the instance's own address `addr`.
+    ///
+    /// # Errors
+    /// A message naming the probe and the address it wanted.
+    pub fn check_targets(&self, addr: SocketAddr) -> Result<(), String> {
+        for (name, p) in self.iter() {
+            let target = match &p.action {
+                ProbeAction::Http { address, .. } | ProbeAction::Tcp { address } => *address,
+                ProbeAction::Exec { .. } => None,
+            };
+            if let Some(t) = target {
+                if t != addr {
+                    return Err(format!(
+                        "{name} probe targets {t}, but probes may only target the instance's own address {addr}"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// True when any probe is `exec`.
+    pub fn has_exec(&self) -> bool {
+        self.iter()
+            .any(|(_, p)| matches!(p.action, ProbeAction::Exec { .. }))
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&'static str, &ProbeSpec)> {
+        [
+            ("startup", &self.startup),
+            ("readiness", &self.readiness),
+            ("liveness", &self.liveness),
+        ]
+        .into_iter()
+        .filter_map(|(n, p)| p.as_ref().map(|p| (n, p)))
     }
 
     /// True when no probe is configured.
@@ -194,30 +256,98 @@ pub enum ProbeSignal {
     LivenessPassing,
 }
 
-/// Runs one probe once.
-pub async fn run_once(action: &ProbeAction, default_addr: SocketAddr, timeout: Duration) -> bool {
-    let fut = async {
-        match action {
-            ProbeAction::Tcp { address } => {
-                tokio::net::TcpStream::connect(address.unwrap_or(default_addr))
-                    .await
-                    .is_ok()
-            }
-            ProbeAction::Http { address, path } => {
-                http_get(address.unwrap_or(default_addr), path).await
-            }
-            ProbeAction::Exec { command } => {
-                let mut cmd = tokio::process::Command::new(&command[0]);
-                cmd.args(&command[1..])
-                    .stdin(std::process::Stdio::null())
-                    .stdout(std::process::Stdio::null())
-                    .stderr(std::process::Stdio::null())
-                    .kill_on_drop(true);
-                matches!(cmd.status().await, Ok(s) if s.success())
+/// Runs one probe once. `exec_as`: the credentials an exec probe runs with (`None`: the
+/// agent's own, for instances declared in the agent's config file).
+pub async fn run_once(
+    action: &ProbeAction,
+    default_addr: SocketAddr,
+    exec_as: Option<ExecAs>,
+    timeout: Duration,
+) -> bool {
+    match action {
+        ProbeAction::Exec { command } => run_exec(command, exec_as, timeout).await,
+        ProbeAction::Tcp { address } => tokio::time::timeout(
+            timeout,
+            tokio::net::TcpStream::connect(address.unwrap_or(default_addr)),
+        )
+        .await
+        .is_ok_and(|r| r.is_ok()),
+        ProbeAction::Http { address, path } => {
+            tokio::time::timeout(timeout, http_get(address.unwrap_or(default_addr), path))
+                .await
+                .unwrap_or(false)
+        }
+    }
+}
+
+/// Reads up to [`MAX_PROBE_OUTPUT`] bytes, then discards the rest until EOF (so the child
+/// never blocks on a full pipe).
+async fn bounded_read<R: tokio::io::AsyncRead + Unpin>(r: Option<R>) -> Vec<u8> {
+    let Some(mut r) = r else { return Vec::new() };
+    let mut kept = Vec::new();
+    let mut buf = [0u8; 1024];
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => return kept,
+            Ok(n) => {
+                let room = MAX_PROBE_OUTPUT.saturating_sub(kept.len());
+                kept.extend_from_slice(&buf[..n.min(room)]);
             }
         }
+    }
+}
+
+async fn run_exec(command: &[String], exec_as: Option<ExecAs>, timeout: Duration) -> bool {
+    let mut cmd = tokio::process::Command::new(&command[0]);
+    cmd.args(&command[1..])
+        .env_clear()
+        .env("PATH", EXEC_PATH)
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    if let Some(a) = exec_as {
+        // std drops supplementary groups (setgroups(0)) when the parent is root.
+        cmd.uid(a.uid).gid(a.gid);
+    }
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            metrics::counter!("shoal_probe_exec_total", "result" => "spawn_error").increment(1);
+            tracing::debug!(error = %e, command = ?command, "exec probe did not start");
+            return false;
+        }
     };
-    tokio::time::timeout(timeout, fut).await.unwrap_or(false)
+    let pid = child.id();
+    let (out, err) = (child.stdout.take(), child.stderr.take());
+    let run = async {
+        let (o, e) = tokio::join!(bounded_read(out), bounded_read(err));
+        (child.wait().await, o, e)
+    };
+    match tokio::time::timeout(timeout, run).await {
+        Ok((Ok(status), stdout, stderr)) => {
+            if !status.success() {
+                tracing::debug!(command = ?command, %status,
+                    stdout = %String::from_utf8_lossy(&stdout),
+                    stderr = %String::from_utf8_lossy(&stderr), "exec probe failed");
+            }
+            status.success()
+        }
+        Ok((Err(_), _, _)) => false,
+        Err(_) => {
+            // The whole process group: a shell's children die with it.
+            if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            metrics::counter!("shoal_probe_exec_total", "result" => "timeout_killed").increment(1);
+            false
+        }
+    }
 }
 
 async fn http_get(addr: SocketAddr, path: &str) -> bool {
@@ -282,6 +412,7 @@ async fn probe_tick(
     spec: &ProbeSpec,
     kind: ProbeKind,
     addr: SocketAddr,
+    exec_as: Option<ExecAs>,
     sem: &Semaphore,
     jitter: &mut Jitter,
 ) -> bool {
@@ -293,7 +424,13 @@ async fn probe_tick(
         return false;
     };
     let started = std::time::Instant::now();
-    let ok = run_once(&spec.action, addr, Duration::from_millis(spec.timeout_ms)).await;
+    let ok = run_once(
+        &spec.action,
+        addr,
+        exec_as,
+        Duration::from_millis(spec.timeout_ms),
+    )
+    .await;
     metrics::histogram!("shoal_probe_duration_seconds", "kind" => kind.as_str())
         .record(started.elapsed().as_secs_f64());
     metrics::counter!("shoal_probes_total", "kind" => kind.as_str(), "result" => if ok { "pass" } else { "fail" })
@@ -305,6 +442,7 @@ async fn probe_tick(
 pub async fn run_instance(
     set: ProbeSet,
     addr: SocketAddr,
+    exec_as: Option<ExecAs>,
     sem: Arc<Semaphore>,
     tx: mpsc::Sender<ProbeSignal>,
 ) {
@@ -312,7 +450,7 @@ pub async fn run_instance(
     if let Some(spec) = &set.startup {
         let mut t = Threshold::default();
         loop {
-            let ok = probe_tick(spec, ProbeKind::Startup, addr, &sem, &mut jitter).await;
+            let ok = probe_tick(spec, ProbeKind::Startup, addr, exec_as, &sem, &mut jitter).await;
             match t.record(ok, spec.success_threshold, spec.failure_threshold) {
                 Some(true) => break,
                 Some(false) => {
@@ -333,7 +471,8 @@ pub async fn run_instance(
             let mut jitter = Jitter::new();
             let mut t = Threshold::default();
             loop {
-                let ok = probe_tick(&spec, ProbeKind::Liveness, addr, &sem, &mut jitter).await;
+                let ok =
+                    probe_tick(&spec, ProbeKind::Liveness, addr, exec_as, &sem, &mut jitter).await;
                 match t.record(ok, spec.success_threshold, spec.failure_threshold) {
                     Some(false) => {
                         let _ = tx.send(ProbeSignal::LivenessFailing).await;
@@ -354,7 +493,15 @@ pub async fn run_instance(
     let mut t = Threshold::default();
     let mut started = false;
     loop {
-        let ok = probe_tick(&spec, ProbeKind::Readiness, addr, &sem, &mut jitter).await;
+        let ok = probe_tick(
+            &spec,
+            ProbeKind::Readiness,
+            addr,
+            exec_as,
+            &sem,
+            &mut jitter,
+        )
+        .await;
         match t.record(ok, spec.success_threshold, spec.failure_threshold) {
             Some(true) if !started => {
                 started = true;
@@ -418,16 +565,173 @@ mod tests {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         let t = Duration::from_millis(500);
-        assert!(run_once(&ProbeAction::Tcp { address: None }, addr, t).await);
+        assert!(run_once(&ProbeAction::Tcp { address: None }, addr, None, t).await);
         drop(l);
-        assert!(!run_once(&ProbeAction::Tcp { address: None }, addr, t).await);
+        assert!(!run_once(&ProbeAction::Tcp { address: None }, addr, None, t).await);
         let ok = ProbeAction::Exec {
             command: vec!["true".into()],
         };
         let bad = ProbeAction::Exec {
             command: vec!["false".into()],
         };
-        assert!(run_once(&ok, addr, t).await);
-        assert!(!run_once(&bad, addr, t).await);
+        assert!(run_once(&ok, addr, None, t).await);
+        assert!(!run_once(&bad, addr, None, t).await);
+    }
+
+    fn spec(action: ProbeAction) -> Option<ProbeSpec> {
+        Some(ProbeSpec {
+            action,
+            period_ms: 1000,
+            timeout_ms: 500,
+            jitter_ms: 0,
+            success_threshold: 1,
+            failure_threshold: 1,
+        })
+    }
+
+    #[test]
+    fn probes_may_only_target_the_instance_address() {
+        let own: SocketAddr = "10.0.0.7:8080".parse().unwrap();
+        let http = |a: Option<&str>| ProbeAction::Http {
+            address: a.map(|a| a.parse().unwrap()),
+            path: "/ready".into(),
+        };
+        let tcp = |a: &str| ProbeAction::Tcp {
+            address: Some(a.parse().unwrap()),
+        };
+        let ok = ProbeSet {
+            startup: spec(http(None)),
+            readiness: spec(http(Some("10.0.0.7:8080"))),
+            liveness: spec(tcp("10.0.0.7:8080")),
+        };
+        assert_eq!(ok.check_targets(own), Ok(()));
+        for (set, what) in [
+            (
+                ProbeSet {
+                    readiness: spec(http(Some("169.254.169.254:80"))),
+                    ..Default::default()
+                },
+                "readiness probe targets 169.254.169.254:80",
+            ),
+            (
+                ProbeSet {
+                    liveness: spec(tcp("10.0.0.7:22")),
+                    ..Default::default()
+                },
+                "liveness probe targets 10.0.0.7:22",
+            ),
+            (
+                ProbeSet {
+                    startup: spec(tcp("127.0.0.1:8080")),
+                    ..Default::default()
+                },
+                "startup probe targets 127.0.0.1:8080",
+            ),
+        ] {
+            let e = set.check_targets(own).unwrap_err();
+            assert!(e.contains(what), "{e}");
+            assert!(e.contains("own address 10.0.0.7:8080"), "{e}");
+        }
+        let exec = ProbeSet {
+            readiness: spec(ProbeAction::Exec {
+                command: vec!["true".into()],
+            }),
+            ..Default::default()
+        };
+        assert!(exec.has_exec() && !ok.has_exec());
+        assert_eq!(exec.check_targets(own), Ok(()));
+    }
+
+    /// The exec probe runs with the registrant's uid/gid, not the agent's. Needs root and the
+    /// CI user `shoal-test-a`; prints SKIP otherwise (fails with SHOAL_REQUIRE_UNIX_USERS=1).
+    #[tokio::test]
+    async fn exec_probe_runs_as_the_registrant() {
+        use std::os::unix::fs::MetadataExt;
+        let root = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
+        let user = nix::unistd::User::from_name("shoal-test-a").ok().flatten();
+        let (true, Some(user)) = (root, user) else {
+            assert_ne!(
+                std::env::var("SHOAL_REQUIRE_UNIX_USERS").as_deref(),
+                Ok("1"),
+                "exec_probe_runs_as_the_registrant needs root and user shoal-test-a"
+            );
+            println!("SKIP exec_probe_runs_as_the_registrant: needs root and user shoal-test-a");
+            return;
+        };
+        let (uid, gid) = (user.uid.as_raw(), user.gid.as_raw());
+        let t = Duration::from_millis(2_000);
+        let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let check = |u: u32, g: u32| ProbeAction::Exec {
+            command: vec![
+                "sh".into(),
+                "-c".into(),
+                format!(
+                    "test \"$(id -u)\" = {u} && test \"$(id -g)\" = {g} && test \"$(id -G)\" = {g}"
+                ),
+            ],
+        };
+        let as_a = Some(ExecAs { uid, gid });
+        assert!(run_once(&check(uid, gid), addr, as_a, t).await);
+        assert!(!run_once(&check(0, 0), addr, as_a, t).await);
+        // Without `exec_as` (the agent's own config) it runs as the agent: root here.
+        assert!(run_once(&check(0, 0), addr, None, t).await);
+    }
+
+    #[tokio::test]
+    async fn exec_probe_gets_a_minimal_environment_and_its_group_is_killed_on_timeout() {
+        let t = Duration::from_millis(2_000);
+        // Only PATH is set: HOME (set for any test runner) is not.
+        let env = ProbeAction::Exec {
+            command: vec![
+                "sh".into(),
+                "-c".into(),
+                "test -z \"$HOME\" && test -n \"$PATH\" && test \"$(pwd)\" = /".into(),
+            ],
+        };
+        assert!(run_once(&env, "127.0.0.1:1".parse().unwrap(), None, t).await);
+        // A probe that outlives its timeout, with a child of its own: both are killed.
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("grandchild.pid");
+        let hang = ProbeAction::Exec {
+            command: vec![
+                "sh".into(),
+                "-c".into(),
+                format!("sleep 30 & echo $! > {}; wait", marker.display()),
+            ],
+        };
+        let started = std::time::Instant::now();
+        let ok = run_once(
+            &hang,
+            "127.0.0.1:1".parse().unwrap(),
+            None,
+            Duration::from_millis(300),
+        )
+        .await;
+        assert!(!ok);
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let pid: i32 = std::fs::read_to_string(&marker)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // The grandchild (same process group) is gone once SIGKILL is delivered: bounded wait.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // Gone, or a zombie waiting for its (killed) parent's reaper.
+            if stat.is_empty() || stat.split_whitespace().nth(2) == Some("Z") {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "grandchild {pid} still alive: {stat}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Output beyond the bound is discarded, and the probe still finishes.
+        let loud = ProbeAction::Exec {
+            command: vec!["sh".into(), "-c".into(), "head -c 1000000 /dev/zero".into()],
+        };
+        assert!(run_once(&loud, "127.0.0.1:1".parse().unwrap(), None, t).await);
     }
 }

@@ -39,6 +39,8 @@ pub enum DriverCmd {
         to: Option<std::net::SocketAddr>,
         /// The request.
         body: AuthorityRequestBody,
+        /// The local process the request is forwarded for (audit).
+        on_behalf_of: Option<shoal_proto::rpc::LocalCaller>,
         /// Where the reply goes.
         reply: oneshot::Sender<Result<AuthorityOk, AuthorityError>>,
     },
@@ -98,6 +100,10 @@ pub struct Shared {
     pub probe_permits: Arc<tokio::sync::Semaphore>,
     /// Probe tasks of local instances.
     pub probe_tasks: Mutex<HashMap<(String, String), tokio::task::AbortHandle>>,
+    /// Owners of local instances (persisted).
+    pub owners: crate::access::Owners,
+    /// Refused writes already logged.
+    pub refusals: crate::access::RefusalLog,
 }
 
 impl Shared {

@@ -117,7 +117,11 @@ impl AuthorityClient {
         }
         let bytes = envelope::encode(
             MessageKind::AuthorityRequest,
-            &AuthorityRequest { request_id, body },
+            &AuthorityRequest {
+                request_id,
+                body,
+                on_behalf_of: None,
+            },
             MAX_STREAM_MESSAGE_BYTES,
         )
         .map_err(|e| ClientError::Send(to, e.to_string()))?;

@@ -343,6 +343,7 @@ mod tests {
             payload: EntryPayload::Normal(Proposal {
                 cmd: AuthorityCommand::ExpireLeases { now_ms: 5 },
                 proposed_at_ms: 9,
+                on_behalf_of: None,
             }),
         };
         let req = AppendEntriesRequest::<TypeConfig> {

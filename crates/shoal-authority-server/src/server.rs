@@ -48,7 +48,7 @@ use shoal_authority::{AuthorityCommand, Caller, Refusal};
 use shoal_proto::envelope::{self, MessageKind, MAX_STREAM_MESSAGE_BYTES};
 use shoal_proto::rpc::{
     AuthorityError, AuthorityOk, AuthorityReply, AuthorityRequest, AuthorityRequestBody,
-    AuthorityStatus,
+    AuthorityStatus, LocalCaller,
 };
 use shoal_proto::{NodeId, Revision};
 use shoal_transport::certs::{read_pem_file, NodeIdentity};
@@ -441,7 +441,8 @@ impl Replica {
             };
             let this = self.clone();
             tokio::spawn(async move {
-                let result = this.handle(&msg.peer, req.body).await;
+                let on_behalf_of = req.on_behalf_of.map(LocalCaller::bounded);
+                let result = this.handle_for(&msg.peer, req.body, on_behalf_of).await;
                 this.reply(msg.from, req.request_id, result);
                 drop(permit);
             });
@@ -469,6 +470,17 @@ impl Replica {
         &self,
         peer: &NodeIdentity,
         body: AuthorityRequestBody,
+    ) -> Result<AuthorityOk, AuthorityError> {
+        self.handle_for(peer, body, None).await
+    }
+
+    /// As [`Replica::handle`], for a request an agent forwards on behalf of a local process
+    /// (recorded in the audit log, never used to decide).
+    pub async fn handle_for(
+        &self,
+        peer: &NodeIdentity,
+        body: AuthorityRequestBody,
+        on_behalf_of: Option<LocalCaller>,
     ) -> Result<AuthorityOk, AuthorityError> {
         let caller = caller_of(peer, &self.operators);
         let (cmd, policy_key) = match body {
@@ -522,7 +534,7 @@ impl Replica {
             ),
         };
         let started = Instant::now();
-        let res = self.write(cmd.clone()).await;
+        let res = self.write(cmd.clone(), on_behalf_of.clone()).await;
         let outcome = match &res {
             Ok(_) => "committed",
             Err(AuthorityError::Refused { .. }) => "refused",
@@ -537,7 +549,7 @@ impl Replica {
         }
         if let Err(e) = &res {
             if !matches!(e, AuthorityError::Refused { .. }) {
-                self.audit_rejected(peer, &cmd, e);
+                self.audit_rejected(peer, on_behalf_of.as_ref(), &cmd, e);
             }
         }
         match (res, policy_key) {
@@ -553,6 +565,7 @@ impl Replica {
     async fn write(
         &self,
         cmd: AuthorityCommand,
+        on_behalf_of: Option<LocalCaller>,
     ) -> Result<Vec<shoal_proto::SignedLifecycle>, AuthorityError> {
         let m = self.raft.metrics().borrow().clone();
         if m.state != ServerState::Leader {
@@ -574,6 +587,7 @@ impl Replica {
         let proposal = Proposal {
             cmd,
             proposed_at_ms: wall_ms(),
+            on_behalf_of,
         };
         let timeout = Duration::from_millis(self.cfg.write_timeout_ms);
         let res = match tokio::time::timeout(timeout, self.raft.client_write(proposal)).await {
@@ -614,11 +628,18 @@ impl Replica {
         }
     }
 
-    fn audit_rejected(&self, peer: &NodeIdentity, cmd: &AuthorityCommand, e: &AuthorityError) {
+    fn audit_rejected(
+        &self,
+        peer: &NodeIdentity,
+        on_behalf_of: Option<&LocalCaller>,
+        cmd: &AuthorityCommand,
+        e: &AuthorityError,
+    ) {
         let line = serde_json::json!({
             "rpc_rejected": {
                 "at_ms": wall_ms(),
                 "peer": peer.node_id.as_str(),
+                "on_behalf_of": on_behalf_of,
                 "command": format!("{cmd:?}"),
                 "error": e.to_string(),
             }
@@ -668,7 +689,7 @@ impl Replica {
                 tokio::spawn(async move {
                     let now_ms = this.mono_ms();
                     match this
-                        .write(AuthorityCommand::LeaderTakeover { now_ms })
+                        .write(AuthorityCommand::LeaderTakeover { now_ms }, None)
                         .await
                     {
                         Ok(_) => {
@@ -697,7 +718,10 @@ impl Replica {
             if due && !self.expire_busy.swap(true, Ordering::AcqRel) {
                 let this = self.clone();
                 tokio::spawn(async move {
-                    match this.write(AuthorityCommand::ExpireLeases { now_ms }).await {
+                    match this
+                        .write(AuthorityCommand::ExpireLeases { now_ms }, None)
+                        .await
+                    {
                         Ok(recs) => tracing::info!(expired = recs.len(), "lease safety net"),
                         Err(e) => tracing::warn!(error = %e, "expire leases not committed"),
                     }
@@ -741,7 +765,7 @@ impl Replica {
                     _ => "node_up",
                 };
                 let desc = format!("{cmd:?}");
-                match this.write(cmd).await {
+                match this.write(cmd, None).await {
                     Ok(_) => {
                         counter!("shoal_authority_liveness_proposals_total", "kind" => kind)
                             .increment(1);

@@ -510,7 +510,9 @@ impl SmInner {
             committed_at_ms: proposal.proposed_at_ms,
             signing_key: &self.signing_key,
         };
-        let out = self.state.apply(proposal.cmd, ctx);
+        let out = self
+            .state
+            .apply_on_behalf(proposal.cmd, ctx, proposal.on_behalf_of);
         self.write_audit(before, entry.log_id.index);
         if let Ok(records) = &out {
             self.publish(entry.log_id.index, records);

@@ -44,6 +44,9 @@ pub struct Proposal {
     pub cmd: AuthorityCommand,
     /// Leader wall-clock Unix ms at proposal; becomes the records' `committed_at_ms`.
     pub proposed_at_ms: u64,
+    /// The local process the requesting agent forwarded the command for (audit only; see
+    /// [`shoal_proto::rpc::AuthorityRequest::on_behalf_of`]).
+    pub on_behalf_of: Option<shoal_proto::rpc::LocalCaller>,
 }
 
 /// What applying one entry produced: the signed records, or the rules' refusal. Blank and

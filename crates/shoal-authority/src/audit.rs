@@ -9,6 +9,7 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
+use shoal_proto::rpc::LocalCaller;
 use shoal_proto::TransitionReason;
 use shoal_proto::{Generation, InstanceId, LifecycleState, NodeId, Revision, ServiceKey};
 
@@ -103,6 +104,9 @@ pub struct AuditEntry {
     pub committed_at_ms: u64,
     /// Who asked.
     pub caller: CallerId,
+    /// The local process the calling agent forwarded the request for (unix peer credentials
+    /// as the agent saw them; vouched for by the node, not authenticated here).
+    pub on_behalf_of: Option<LocalCaller>,
     /// What was asked.
     pub command: CommandSummary,
     /// What happened.

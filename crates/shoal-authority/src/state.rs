@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 use shoal_catalog::check_transition;
+use shoal_proto::rpc::LocalCaller;
 use shoal_proto::{
     EndpointSpec, Generation, InstanceId, LifecycleRecord, LifecycleState, NodeId, PolicyRecord,
     Region, Revision, ServiceKey, ServicePolicy, SignedLifecycle, SignedPolicy, TransitionReason,
@@ -283,6 +284,20 @@ impl AuthorityState {
         cmd: AuthorityCommand,
         ctx: ApplyContext<'_>,
     ) -> Result<Vec<SignedLifecycle>, Refusal> {
+        self.apply_on_behalf(cmd, ctx, None)
+    }
+
+    /// As [`AuthorityState::apply`], naming in the audit entry the local process an agent
+    /// forwarded the command for (`on_behalf_of`; it takes no part in the decision).
+    ///
+    /// # Errors
+    /// As [`AuthorityState::apply`].
+    pub fn apply_on_behalf(
+        &mut self,
+        cmd: AuthorityCommand,
+        ctx: ApplyContext<'_>,
+        on_behalf_of: Option<LocalCaller>,
+    ) -> Result<Vec<SignedLifecycle>, Refusal> {
         let caller = caller_id(&cmd);
         let command = summary(&cmd);
         let result = self.execute(cmd, ctx);
@@ -298,6 +313,7 @@ impl AuthorityState {
             log_index: ctx.log_index,
             committed_at_ms: ctx.committed_at_ms,
             caller,
+            on_behalf_of,
             command,
             outcome,
             revision: self.head_revision(),

@@ -404,6 +404,9 @@ fn finish(status: u16, v: &Value, json_out: bool, human: impl Fn(&Value)) -> any
         if let Some(d) = v.get("detail") {
             eprintln!("  {d}");
         }
+        if let Some(r) = v.get("reason").and_then(Value::as_str) {
+            eprintln!("  reason: {r}");
+        }
     }
     Ok(if (200..300).contains(&status) { 0 } else { 1 })
 }

@@ -391,6 +391,25 @@ fn authorities_and_agents_drain_verify_outage_and_converge() {
         let e = wait_state(a, "web-1", "DRAINING");
         assert_eq!(e["routable"], false, "{e}");
     }
+    // Every replica's audit log names the local process the agent forwarded the drain for
+    // (this test process: its uid and pid, from the agent's socket peer credentials).
+    let (uid, pid) = (common::euid(), std::process::id());
+    for i in 1..=3 {
+        let path = r.tmp.path().join(format!("data-auth-{i}/audit.log"));
+        let entry = eventually(WAIT, &format!("auth-{i} audited the drain"), || {
+            std::fs::read_to_string(&path)
+                .ok()?
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .find(|e| {
+                    e["command"]["Transition"]["instance"] == "web-1"
+                        && e["command"]["Transition"]["to"] == "Draining"
+                })
+        });
+        assert_eq!(entry["on_behalf_of"]["uid"], uid, "{entry}");
+        assert_eq!(entry["on_behalf_of"]["pid"], pid, "{entry}");
+        assert_eq!(entry["caller"]["Node"], "node-a", "{entry}");
+    }
 
     // The DRAINING record another agent holds verifies against the region key, and only it.
     let e = &r.agents[4];

@@ -3,6 +3,9 @@
 //! [`MessageKind::AuthorityReply`](crate::envelope::MessageKind::AuthorityReply) over the same
 //! mutual-TLS QUIC transport the mesh uses. The caller's identity is **not** in the request: the
 //! authority takes it from the peer certificate (a node may only act for its own instances).
+//! An agent forwarding a write for a local process names that process in
+//! [`AuthorityRequest::on_behalf_of`] (its unix peer credentials, as the agent saw them): the
+//! authority does not authenticate it (the node vouches for it) and records it in its audit log.
 //!
 //! Requests are idempotent by `(caller, request_id)` where it matters: a retried `Transition`
 //! to the state the instance is already in is answered with the existing record.
@@ -21,6 +24,58 @@ pub struct AuthorityRequest {
     pub request_id: u64,
     /// What is asked.
     pub body: AuthorityRequestBody,
+    /// The local process the calling agent forwards this request for (`None`: the agent's own
+    /// request, e.g. an automatic READY after probes, or an operator tool). Audit only.
+    pub on_behalf_of: Option<LocalCaller>,
+}
+
+/// Longest executable path carried in a [`LocalCaller`], bytes (longer ones are cut).
+pub const MAX_EXE_BYTES: usize = 512;
+
+/// A local process as identified by its unix peer credentials on the agent's socket.
+///
+/// `uid`/`gid` come from `SO_PEERCRED` (fixed at `connect()`), and are what the agent
+/// authorises on. `pid` and `exe` (`/proc/<pid>/exe`, read when the connection was accepted)
+/// are for the audit trail only: a pid can be reused once its process exits.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LocalCaller {
+    /// Effective uid of the connecting process.
+    pub uid: u32,
+    /// Effective (primary) gid of the connecting process.
+    pub gid: u32,
+    /// Its pid at connect time, when the kernel reported one.
+    pub pid: Option<u32>,
+    /// Its executable at accept time, when readable (at most [`MAX_EXE_BYTES`]).
+    pub exe: Option<String>,
+}
+
+impl LocalCaller {
+    /// `exe` cut to at most [`MAX_EXE_BYTES`] on a character boundary.
+    pub fn bounded(mut self) -> Self {
+        if let Some(e) = &mut self.exe {
+            if e.len() > MAX_EXE_BYTES {
+                let mut end = MAX_EXE_BYTES;
+                while !e.is_char_boundary(end) {
+                    end -= 1;
+                }
+                e.truncate(end);
+            }
+        }
+        self
+    }
+}
+
+impl std::fmt::Display for LocalCaller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "uid={} gid={}", self.uid, self.gid)?;
+        if let Some(p) = self.pid {
+            write!(f, " pid={p}")?;
+        }
+        if let Some(e) = &self.exe {
+            write!(f, " exe={e}")?;
+        }
+        Ok(())
+    }
 }
 
 /// What an agent may ask.

@@ -28,6 +28,7 @@ fn accepted_and_refused_commands_are_both_audited() {
                 log_index: 1,
                 committed_at_ms: BASE_MS + 1,
                 caller: CallerId::Node(node_id(0)),
+                on_behalf_of: None,
                 command: CommandSummary::Register {
                     key: h.fx.key.clone(),
                     instance: inst("a-1"),
@@ -46,6 +47,7 @@ fn accepted_and_refused_commands_are_both_audited() {
                 log_index: 2,
                 committed_at_ms: BASE_MS + 2,
                 caller: CallerId::Node(node_id(1)),
+                on_behalf_of: None,
                 command: CommandSummary::Transition {
                     key: h.fx.key.clone(),
                     instance: inst("a-1"),
@@ -63,6 +65,7 @@ fn accepted_and_refused_commands_are_both_audited() {
                 log_index: 3,
                 committed_at_ms: BASE_MS + 3,
                 caller: CallerId::Authority,
+                on_behalf_of: None,
                 command: CommandSummary::NodeDown {
                     node: node_id(1),
                     at_ms: 5
@@ -105,4 +108,50 @@ fn the_default_capacity_is_ten_thousand() {
     let log = h.state.audit();
     assert_eq!((log.len(), log.total()), (10_000, 10_005));
     assert_eq!(log.entries().next().unwrap().seq, 6);
+}
+
+#[test]
+fn the_local_process_an_agent_forwarded_for_is_audited_and_survives_encoding() {
+    use shoal_proto::rpc::LocalCaller;
+    let mut h = Harness::new();
+    let who = LocalCaller {
+        uid: 1001,
+        gid: 1001,
+        pid: Some(4242),
+        exe: Some("/usr/bin/web".into()),
+    };
+    h.index += 1;
+    let ctx = ApplyContext {
+        log_index: h.index,
+        committed_at_ms: BASE_MS + h.index,
+        signing_key: &h.fx.authority,
+    };
+    h.state
+        .apply_on_behalf(h.register(0, "a-1"), ctx, Some(who.clone()))
+        .unwrap();
+    // A refused command names its caller too; a plain `apply` names nobody.
+    h.index += 1;
+    let ctx = ApplyContext {
+        log_index: h.index,
+        committed_at_ms: BASE_MS + h.index,
+        signing_key: &h.fx.authority,
+    };
+    h.state
+        .apply_on_behalf(
+            h.transition(node(1), "a-1", 1, Ready, ReadinessPassed),
+            ctx,
+            Some(who.clone()),
+        )
+        .unwrap_err();
+    h.apply(h.transition(node(0), "a-1", 1, Ready, ReadinessPassed))
+        .unwrap();
+    let got: Vec<Option<LocalCaller>> = h
+        .state
+        .audit()
+        .entries()
+        .map(|e| e.on_behalf_of.clone())
+        .collect();
+    assert_eq!(got, vec![Some(who.clone()), Some(who), None]);
+    let decoded = crate::AuthorityState::decode(&h.state.encode()).unwrap();
+    assert_eq!(decoded.audit(), h.state.audit());
 }

@@ -241,7 +241,7 @@ pub fn write_agent(dir: &Path, name: &str, ip: &str, seed: &str, dev: bool, ca: 
         format!("addresses = [\"{seed}\"]\nrpc_timeout_ms = 500\nrpc_budget_ms = 2000\nstatus_interval_ms = 500")
     };
     let text = format!(
-        "node_id = \"{name}\"\nregion = \"dev\"\nzone = \"z1\"\ndata_dir = \"data-{name}\"\nlisten = \"{ip}:{PORT}\"\nsocket = \"{}\"\nseeds = [{seeds}]\ncluster_size = 8\n\n[tls]\nca = \"{ca}\"\ncert = \"dev-node-{name}.pem\"\nkey = \"dev-node-{name}-key.pem\"\n\n[trust]\ndev_authority = true\n\n[authority]\n{authority}\n\n[persist]\ninterval_ms = 300\n\n[api]\nstaleness_budget_ms = 3000\n\n[join]\nbase_ms = 100\nmax_ms = 1000\n\n{MEMBERSHIP}",
+        "node_id = \"{name}\"\nregion = \"dev\"\nzone = \"z1\"\ndata_dir = \"data-{name}\"\nlisten = \"{ip}:{PORT}\"\nsocket = \"{}\"\nseeds = [{seeds}]\ncluster_size = 8\n\n[tls]\nca = \"{ca}\"\ncert = \"dev-node-{name}.pem\"\nkey = \"dev-node-{name}-key.pem\"\n\n[trust]\ndev_authority = true\n\n[authority]\n{authority}\n\n[persist]\ninterval_ms = 300\n\n[api]\nstaleness_budget_ms = 3000\n\n[access]\n# Development policy: every local caller may do everything (the agent logs it loudly).\ndev_allow_all = true\n\n[join]\nbase_ms = 100\nmax_ms = 1000\n\n{MEMBERSHIP}",
         socket.display()
     );
     std::fs::write(&config, text).unwrap();
@@ -284,4 +284,130 @@ pub fn state_at(agent: &Agent, instance: &str) -> Option<(String, bool)> {
     let (_, v) = agent.get(&format!("{SVC}/endpoints"))?;
     let e = endpoint(&v, instance)?;
     Some((e["state"].as_str()?.to_owned(), e["routable"].as_bool()?))
+}
+
+// ---- local-socket identity tests: unprivileged unix users ---------------------------------
+
+/// The two unprivileged users `.ci/run` creates.
+pub const USER_A: &str = "shoal-test-a";
+pub const USER_B: &str = "shoal-test-b";
+
+/// Uid and primary gid of a unix user (via `id`), if it exists.
+pub fn unix_user(name: &str) -> Option<(u32, u32)> {
+    let id = |flag: &str| -> Option<u32> {
+        let out = Command::new("id").args([flag, name]).output().ok()?;
+        if !out.status.success() {
+            return None;
+        }
+        String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+    };
+    Some((id("-u")?, id("-g")?))
+}
+
+/// This process's effective uid (owner of `/proc/self`).
+pub fn euid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self")
+        .map(|m| m.uid())
+        .unwrap_or(u32::MAX)
+}
+
+/// The users A and B when the test can act as them (running as root, users present). Otherwise
+/// prints a SKIP line and returns `None`, or panics when `SHOAL_REQUIRE_UNIX_USERS=1` (CI).
+pub fn users_or_skip(test: &str) -> Option<((u32, u32), (u32, u32))> {
+    let why = if euid() != 0 {
+        Some("not running as root (cannot act as other uids)".to_owned())
+    } else {
+        match (unix_user(USER_A), unix_user(USER_B)) {
+            (Some(a), Some(b)) => return Some((a, b)),
+            _ => Some(format!(
+                "unix users {USER_A} / {USER_B} missing (.ci/run creates them with useradd --system)"
+            )),
+        }
+    };
+    let why = why.expect("set");
+    if std::env::var("SHOAL_REQUIRE_UNIX_USERS").as_deref() == Ok("1") {
+        panic!("SHOAL_REQUIRE_UNIX_USERS=1 but {test} cannot run: {why}");
+    }
+    println!("SKIP {test}: {why}");
+    None
+}
+
+/// `curl --unix-socket` run as `uid`/`gid`: (HTTP status, JSON body).
+pub fn curl_as(
+    (uid, gid): (u32, u32),
+    socket: &Path,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> (u16, Value) {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new("curl");
+    cmd.args(["-s", "--max-time", "20", "--unix-socket"])
+        .arg(socket)
+        .args(["-X", method, "-H", "content-type: application/json"])
+        .args(["-w", "\n%{http_code}"]);
+    if let Some(b) = body {
+        cmd.args(["--data-binary", b]);
+    }
+    cmd.arg(format!("http://agent{path}"))
+        .uid(uid)
+        .gid(gid)
+        .current_dir("/");
+    let out = cmd.output().expect("curl runs (CI installs it)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (json, code) = text.rsplit_once('\n').unwrap_or(("", text.as_str()));
+    (
+        code.trim().parse().unwrap_or(0),
+        serde_json::from_str(json).unwrap_or(Value::Null),
+    )
+}
+
+/// `GET /metrics` from `addr` as text (empty when unreachable).
+pub fn metrics_text(addr: &str) -> String {
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+        return String::new();
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+/// Sum of the samples of `name` whose labels contain every `key="value"` in `labels`.
+pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (n, rest) = series.split_once('{').unwrap_or((series, ""));
+            if n != name {
+                return None;
+            }
+            labels
+                .iter()
+                .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))
+                .then(|| value.parse::<f64>().ok())
+                .flatten()
+        })
+        .sum()
+}
+
+/// `s` without ANSI colour sequences (the agent's log is coloured).
+pub fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut it = s.chars();
+    while let Some(c) = it.next() {
+        if c == '\x1b' {
+            for d in it.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }

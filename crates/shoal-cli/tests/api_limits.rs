@@ -1,0 +1,273 @@
+//! The local API stays up for everyone: a real agent under `ulimit -n 1024`, and a client
+//! process (run as unix user A) that opens 1,100 connections, sends half a request on each and
+//! hangs. While they hang, user B's `pick` answers and snapshot persistence keeps succeeding;
+//! A's connections past the per-uid cap get an immediate 429; the header read timeout then
+//! closes the hung ones.
+//!
+//! Needs root and the users `shoal-test-a` / `shoal-test-b` (`.ci/run` creates them): the
+//! flood and the `pick` must come from different uids, as two applications on one node do.
+//! Without them it prints a SKIP line, unless `SHOAL_REQUIRE_UNIX_USERS=1` (set by `.ci/run`).
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{json, Value};
+
+const METRICS: &str = "127.0.42.1:29542";
+const FLOOD: usize = 1_100;
+const HEADER_TIMEOUT_MS: u64 = 6_000;
+/// `[api]` defaults: 512 per uid; total = 1024 - fd_reserve (256) = 768.
+const PER_UID: usize = 512;
+
+/// The flood client, run as a child process (this test binary re-executed as user A).
+/// Does nothing unless `SHOAL_FLOOD_SOCKET` is set.
+#[test]
+fn flood_helper() {
+    let Ok(socket) = std::env::var("SHOAL_FLOOD_SOCKET") else {
+        return;
+    };
+    let n: usize = std::env::var("SHOAL_FLOOD_N").unwrap().parse().unwrap();
+    let mut conns = Vec::new();
+    let mut connect_failed = 0;
+    for _ in 0..n {
+        match UnixStream::connect(&socket) {
+            Ok(mut s) => {
+                let at = Instant::now();
+                // Half a request: the head never ends.
+                let _ = s.write_all(b"GET /v1/agent/self HTTP/1.1\r\nHost: agent\r\nX-Slow: ");
+                conns.push((s, at));
+            }
+            Err(_) => connect_failed += 1,
+        }
+    }
+    println!("FLOOD OPENED {}", conns.len());
+    std::io::stdout().flush().unwrap();
+    let deadline = Instant::now() + Duration::from_millis(HEADER_TIMEOUT_MS + 20_000);
+    let (mut per_uid, mut total, mut closed, mut still_open) = (0, 0, 0, 0);
+    let mut close_ms: Vec<u128> = Vec::new();
+    let mut other_answers = std::collections::BTreeSet::new();
+    for (mut s, at) in conns {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let _ = s.set_read_timeout(Some(left.max(Duration::from_millis(1))));
+        let mut buf = Vec::new();
+        match s.read_to_end(&mut buf) {
+            Ok(_) => {
+                let head = String::from_utf8_lossy(&buf[..buf.len().min(12)]).into_owned();
+                if head.starts_with("HTTP/1.1 429") {
+                    per_uid += 1;
+                } else if head.starts_with("HTTP/1.1 503") {
+                    total += 1;
+                } else {
+                    closed += 1;
+                    close_ms.push(at.elapsed().as_millis());
+                    if !head.is_empty() {
+                        other_answers.insert(head);
+                    }
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                still_open += 1
+            }
+            Err(_) => {
+                closed += 1;
+                close_ms.push(at.elapsed().as_millis());
+            }
+        }
+    }
+    let result = json!({
+        "connect_failed": connect_failed,
+        "per_uid_429": per_uid,
+        "total_503": total,
+        "closed_by_server": closed,
+        "still_open": still_open,
+        "min_close_ms": close_ms.iter().min(),
+        "max_close_ms": close_ms.iter().max(),
+        "other_answers": other_answers,
+    });
+    println!("FLOOD RESULT {result}");
+}
+
+#[test]
+fn half_open_flood_does_not_starve_other_callers_or_persistence() {
+    let Some((a, b)) =
+        users_or_skip("half_open_flood_does_not_starve_other_callers_or_persistence")
+    else {
+        return;
+    };
+    let mut c = Cluster::new(42, 1);
+    let dir = c.tmp.path().to_owned();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let agent = &mut c.agents[0];
+    let text = std::fs::read_to_string(&agent.config)
+        .unwrap()
+        .replace(
+            "cluster_size = 8\n",
+            &format!("cluster_size = 8\nmetrics = \"{METRICS}\"\n"),
+        )
+        .replace(
+            "[api]\n",
+            &format!("[api]\nsocket_mode = 0o666\nheader_read_timeout_ms = {HEADER_TIMEOUT_MS}\n"),
+        );
+    std::fs::write(&agent.config, text).unwrap();
+    // The agent under the common `ulimit -n 1024` (soft and hard).
+    let log = std::fs::File::create(dir.join("node-a.log")).unwrap();
+    let child = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -n 1024 && exec \"$0\" agent --config \"$1\"")
+        .arg(env!("CARGO_BIN_EXE_shoal"))
+        .arg(&agent.config)
+        .env("SHOAL_LOG", "info")
+        .env_remove("SHOAL_SOCKET")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    agent.child = Some(child);
+    eventually(Duration::from_secs(20), "agent answers", || {
+        agent.get("/v1/agent/self").map(|_| ())
+    });
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let nofile = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    assert!(nofile.split_whitespace().nth(3) == Some("1024"), "{nofile}");
+    let log_text = strip_ansi(&agent.log());
+    assert!(log_text.contains("max_connections=768"), "{log_text}");
+    register_ready(agent, "web-1", "10.0.0.7:8080");
+
+    // The flood: this test binary, copied where user A can run it, re-executed as A.
+    let helper = dir.join("flood-helper");
+    std::fs::copy(std::env::current_exe().unwrap(), &helper).unwrap();
+    let mut flood = {
+        use std::os::unix::process::CommandExt;
+        Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -n \"$(ulimit -Hn)\" && exec \"$0\" flood_helper --exact --nocapture --test-threads=1")
+            .arg(&helper)
+            .env("SHOAL_FLOOD_SOCKET", &agent.socket)
+            .env("SHOAL_FLOOD_N", FLOOD.to_string())
+            .uid(a.0)
+            .gid(a.1)
+            .current_dir("/")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let out = flood.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        // libtest may print `test flood_helper ... ` on the same line before the output.
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if let Some(i) = line.find("FLOOD ") {
+                if tx.send(line[i..].to_owned()).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let opened = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("flood opened");
+    assert_eq!(opened, format!("FLOOD OPENED {FLOOD}"));
+    let open_gauge = || metric_sum(&metrics_text(METRICS), "shoal_api_connections", &[]);
+    eventually(
+        Duration::from_secs(10),
+        "per-uid cap of hung connections held",
+        || (open_gauge() == PER_UID as f64).then_some(()),
+    );
+    let flood_at = Instant::now();
+    let m = metrics_text(METRICS);
+    let persisted_ok = metric_sum(&m, "shoal_persist_total", &[("result", "ok")]);
+
+    // While they hang: B's pick answers, persistence succeeds, the fds are not exhausted.
+    let t = Instant::now();
+    let (code, v) = curl_as(b, &agent.socket, "GET", &format!("{SVC}/pick"), None);
+    let pick_ms = t.elapsed().as_millis();
+    assert_eq!(code, 200, "B's pick during the flood: {v}");
+    assert_eq!(v["endpoint"]["instance"], "web-1", "{v}");
+    eventually(
+        Duration::from_secs(3),
+        "a snapshot persisted during the flood",
+        || {
+            let m = metrics_text(METRICS);
+            (metric_sum(&m, "shoal_persist_total", &[("result", "ok")]) > persisted_ok)
+                .then_some(())
+        },
+    );
+    let m = metrics_text(METRICS);
+    assert_eq!(
+        metric_sum(&m, "shoal_persist_total", &[("result", "error")]),
+        0.0,
+        "{m}"
+    );
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count();
+    assert!(fds < 1024 - 128, "agent holds {fds} fds");
+    // ... and all of it while the flood still held its connections.
+    assert_eq!(open_gauge(), PER_UID as f64);
+    assert!(
+        flood_at.elapsed() < Duration::from_millis(HEADER_TIMEOUT_MS),
+        "checks took too long to count as 'during the flood'"
+    );
+    println!("pick during flood: {pick_ms} ms; {fds} agent fds; {PER_UID} hung connections");
+
+    // Then the header timeout closes the hung connections; the rest were refused at once.
+    let result = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("flood result");
+    let r: Value = serde_json::from_str(result.strip_prefix("FLOOD RESULT ").unwrap()).unwrap();
+    println!("flood: {r}");
+    assert_eq!(r["connect_failed"], 0, "{r}");
+    assert_eq!(r["per_uid_429"], FLOOD - PER_UID, "{r}");
+    assert_eq!(r["total_503"], 0, "{r}");
+    assert_eq!(r["closed_by_server"], PER_UID, "{r}");
+    assert_eq!(r["still_open"], 0, "{r}");
+    assert!(
+        r["min_close_ms"].as_u64().unwrap() >= HEADER_TIMEOUT_MS - 100,
+        "{r}"
+    );
+    let _ = flood.wait();
+    eventually(Duration::from_secs(5), "connections released", || {
+        (open_gauge() == 0.0).then_some(())
+    });
+    let m = metrics_text(METRICS);
+    assert_eq!(
+        metric_sum(
+            &m,
+            "shoal_api_connections_closed_total",
+            &[("why", "header_timeout")]
+        ),
+        PER_UID as f64,
+        "{m}"
+    );
+    assert_eq!(
+        metric_sum(
+            &m,
+            "shoal_api_connections_refused_total",
+            &[("why", "per_uid")]
+        ),
+        (FLOOD - PER_UID) as f64,
+        "{m}"
+    );
+    // The agent still serves everyone afterwards.
+    let (code, _) = curl_as(a, &agent.socket, "GET", &format!("{SVC}/pick"), None);
+    assert_eq!(code, 200);
+}

@@ -1,0 +1,233 @@
+//! Workload identity on the local socket, with real processes: an agent (run as root by the
+//! test) whose socket two unprivileged unix users can open, and `curl --unix-socket` clients
+//! spawned as those users (`CommandExt::uid/gid`). User A must not be able to touch what user
+//! B registered; every refusal is a 403 with a reason, counted, and never reaches the
+//! authority; B's own writes land in the authority's audit log under B's uid.
+//!
+//! Needs root and the users `shoal-test-a` / `shoal-test-b` (`.ci/run` creates them). Without
+//! them it prints a SKIP line, unless `SHOAL_REQUIRE_UNIX_USERS=1` (set by `.ci/run`).
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+const METRICS: &str = "127.0.41.1:29541";
+
+fn refused_writes(m: &str) -> f64 {
+    metric_sum(m, "shoal_api_writes_total", &[("result", "refused")])
+}
+
+/// Audit entries of the dev authority (JSON lines in its data dir).
+fn audit(path: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+#[test]
+fn user_a_cannot_touch_user_b_instances() {
+    let Some((a, b)) = users_or_skip("user_a_cannot_touch_user_b_instances") else {
+        return;
+    };
+    let mut c = Cluster::new(41, 1);
+    {
+        use std::os::unix::fs::PermissionsExt;
+        // The users must be able to reach the socket inside the (0700) temp dir.
+        std::fs::set_permissions(c.tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let audit_path = c.tmp.path().join("data-node-a/audit.log");
+    let agent = &mut c.agents[0];
+    let text = std::fs::read_to_string(&agent.config).unwrap();
+    assert!(
+        text.contains("dev_allow_all = true"),
+        "harness uses the dev policy"
+    );
+    let policy = format!(
+        "[[access.grants]]\nusers = [\"{USER_A}\", \"{USER_B}\"]\nservices = [\"prod/*\"]\nrights = [\"register\", \"change_own\"]\n"
+    );
+    let text = text
+        .replace("dev_allow_all = true\n", &policy)
+        .replace(
+            "cluster_size = 8\n",
+            &format!("cluster_size = 8\nmetrics = \"{METRICS}\"\n"),
+        )
+        .replace("[api]\n", "[api]\nsocket_mode = 0o666\n");
+    std::fs::write(&agent.config, text).unwrap();
+    agent.start();
+    let sock = agent.socket.clone();
+    eventually(Duration::from_secs(20), "agent answers", || {
+        agent.get("/v1/agent/self").map(|_| ())
+    });
+    assert!(!agent.log().contains("DEVELOPMENT ACCESS POLICY"));
+
+    // B registers web-b1: B owns it.
+    let reg =
+        |addr: &str, inst: &str| format!("{{\"instance\":\"{inst}\",\"address\":\"{addr}\"}}");
+    let (code, v) = curl_as(
+        b,
+        &sock,
+        "POST",
+        &format!("{SVC}/register"),
+        Some(&reg("10.0.0.9:8080", "web-b1")),
+    );
+    assert_eq!(code, 200, "B registers: {v}");
+    assert_eq!(state_at(agent, "web-b1").unwrap().0, "STARTING");
+
+    let before = metrics_text(METRICS);
+    let refused0 = refused_writes(&before);
+    let audit_len0 = audit(&audit_path).len();
+
+    // A, step by step: every write on B's instance is a 403 with a reason.
+    let mut refusals = 0;
+    let mut expect_403 =
+        |what: &str, method: &str, path: &str, body: Option<&str>, reason: &str| {
+            let (code, v) = curl_as(a, &sock, method, path, body);
+            assert_eq!(code, 403, "A {what}: expected 403, got {code} {v}");
+            assert_eq!(v["reason"], reason, "A {what}: {v}");
+            assert!(
+                v["error"].as_str().is_some_and(|e| e.len() > 20),
+                "A {what}: a sentence: {v}"
+            );
+            assert_eq!(v["uid"], a.0, "A {what}: {v}");
+            refusals += 1;
+        };
+    let inst = format!("{SVC}/instances/web-b1");
+    expect_403(
+        "re-registers B's instance id at its own address",
+        "POST",
+        &format!("{SVC}/register"),
+        Some(&reg("10.0.0.66:8080", "web-b1")),
+        "not_owner",
+    );
+    for action in ["ready", "drain", "deregister"] {
+        expect_403(
+            action,
+            "POST",
+            &format!("{inst}/{action}"),
+            None,
+            "not_owner",
+        );
+    }
+    for outcome in ["timeout", "ok"] {
+        expect_403(
+            &format!("reports {outcome} (eject)"),
+            "POST",
+            &format!("{SVC}/report"),
+            Some(&format!(
+                "{{\"instance\":\"web-b1\",\"outcome\":\"{outcome}\",\"eject_ms\":600000}}"
+            )),
+            "not_granted",
+        );
+    }
+    let exec_probe = "{\"instance\":\"web-a1\",\"address\":\"10.0.0.5:8080\",\"probes\":{\"readiness\":{\"action\":{\"exec\":{\"command\":[\"/bin/sh\",\"-c\",\"id > /tmp/pwned\"]}}}}}";
+    expect_403(
+        "registers an exec probe while exec probes are disabled",
+        "POST",
+        &format!("{SVC}/register"),
+        Some(exec_probe),
+        "exec_probes_disabled",
+    );
+    // A probe aimed at another host is refused too (400: bad input, not a permission).
+    let (code, v) = curl_as(
+        a,
+        &sock,
+        "POST",
+        &format!("{SVC}/register"),
+        Some("{\"instance\":\"web-a2\",\"address\":\"10.0.0.5:8080\",\"probes\":{\"readiness\":{\"action\":{\"http\":{\"address\":\"169.254.169.254:80\",\"path\":\"/latest\"}}}}}"),
+    );
+    assert_eq!(
+        (code, v["reason"].as_str()),
+        (400, Some("probe_target")),
+        "{v}"
+    );
+    // Nothing changed: B's instance is still STARTING and not ejected.
+    let (_, v) = agent.get(&format!("{SVC}/endpoints")).unwrap();
+    let e = endpoint(&v, "web-b1").unwrap();
+    assert_eq!(
+        (e["state"].as_str(), e["ejected"].as_bool()),
+        (Some("STARTING"), Some(false)),
+        "{e}"
+    );
+    // Each refusal counted (refused writes never reached the authority: no new audit entry).
+    let after = metrics_text(METRICS);
+    assert_eq!(
+        refused_writes(&after) - refused0,
+        refusals as f64,
+        "{after}"
+    );
+    assert!(
+        metric_sum(
+            &after,
+            "shoal_api_refusals_total",
+            &[("reason", "not_owner")]
+        ) >= 4.0
+    );
+    assert_eq!(
+        audit(&audit_path).len(),
+        audit_len0,
+        "refused writes must not reach the authority"
+    );
+    // Logged once per (caller, route, reason): the two report refusals give one line.
+    let log = strip_ansi(&agent.log());
+    let lines = |needle: &str| {
+        log.lines()
+            .filter(|l| l.contains("local API write refused") && l.contains(needle))
+            .count()
+    };
+    assert_eq!(lines("route=\"report\""), 1, "{log}");
+    assert_eq!(lines("code=\"not_owner\""), 4, "{log}");
+
+    // B's own changes succeed and are audited under B's uid.
+    for action in ["ready", "drain"] {
+        let (code, v) = curl_as(b, &sock, "POST", &format!("{inst}/{action}"), None);
+        assert_eq!(code, 200, "B {action}: {v}");
+    }
+    assert_eq!(state_at(agent, "web-b1").unwrap().0, "DRAINING");
+    let entries = audit(&audit_path);
+    let by_b: Vec<&Value> = entries
+        .iter()
+        .filter(|e| e["on_behalf_of"]["uid"] == b.0)
+        .collect();
+    assert_eq!(by_b.len(), 3, "register, ready, drain by B: {entries:?}");
+    for e in &by_b {
+        assert_eq!(e["on_behalf_of"]["gid"], b.1, "{e}");
+        assert!(e["on_behalf_of"]["pid"].as_u64().is_some(), "{e}");
+        assert!(
+            e["on_behalf_of"]["exe"]
+                .as_str()
+                .is_some_and(|x| x.ends_with("curl")),
+            "{e}"
+        );
+        assert!(e["outcome"].get("Accepted").is_some(), "{e}");
+    }
+    assert!(
+        entries.iter().all(|e| e["on_behalf_of"]["uid"] != a.0),
+        "{entries:?}"
+    );
+    let accepted = metric_sum(
+        &metrics_text(METRICS),
+        "shoal_api_writes_total",
+        &[("result", "accepted")],
+    );
+    assert!(accepted >= 3.0);
+
+    // Ownership survives an agent restart: A still may not, B still may.
+    agent.stop();
+    agent.start();
+    eventually(Duration::from_secs(20), "agent answers again", || {
+        agent.get("/v1/agent/self").map(|_| ())
+    });
+    let (code, v) = curl_as(a, &sock, "POST", &format!("{inst}/deregister"), None);
+    assert_eq!(
+        (code, v["reason"].as_str()),
+        (403, Some("not_owner")),
+        "{v}"
+    );
+    let (code, v) = curl_as(b, &sock, "POST", &format!("{inst}/deregister"), None);
+    assert_eq!(code, 200, "B deregisters after a restart: {v}");
+}
