@@ -17,7 +17,6 @@
 //!
 //! [trust]
 //! authority_keys = ["<64 hex chars>"]            # two during a key rotation
-//! node_keys = { "node-2" = "<64 hex chars>" }    # see docs/adr/0003-node-keys.md
 //!
 //! [authority]
 //! addresses = ["10.0.0.10:7946"]
@@ -159,9 +158,10 @@ pub struct TrustConfig {
     /// Authority public keys of this region (hex, 32 bytes); two during a rotation.
     #[serde(default)]
     pub authority_keys: Vec<String>,
-    /// Node public keys (hex) by node id, for health records (docs/adr/0003-node-keys.md).
+    /// Removed setting, kept only to refuse it with a clear message: node keys now come bound
+    /// in authority-signed lifecycle records (docs/adr/0006-node-keys-in-lifecycle-records.md).
     #[serde(default)]
-    pub node_keys: BTreeMap<String, String>,
+    pub node_keys: Option<serde::de::IgnoredAny>,
     /// Trust the well-known, INSECURE development authority key of this region (for agents that
     /// forward to a peer running `--dev-authority`).
     #[serde(default)]
@@ -456,11 +456,14 @@ pub struct Validated {
     pub zone: Zone,
     /// Trusted authority keys.
     pub authority_keys: Vec<VerifyingKey>,
-    /// Trusted node keys.
-    pub node_keys: Vec<(NodeId, VerifyingKey)>,
     /// Mesh tuning after overrides.
     pub mesh: MeshConfig,
 }
+
+/// Why `node_keys` is refused (agent `[trust]` and authority `[mesh]` alike).
+pub const NODE_KEYS_REMOVED: &str = "this setting was removed: every lifecycle record now \
+carries its owner node's key as the region authority bound it, so no node key is configured \
+anywhere (docs/adr/0006-node-keys-in-lifecycle-records.md); delete the setting";
 
 /// Loads, overrides and validates.
 ///
@@ -551,13 +554,8 @@ pub fn validate(raw: AgentConfig) -> Result<Validated, ConfigError> {
     for k in &raw.trust.authority_keys {
         authority_keys.push(parse_key_hex(k).map_err(|e| invalid("trust.authority_keys", e))?);
     }
-    let mut node_keys = Vec::new();
-    for (n, k) in &raw.trust.node_keys {
-        let node = NodeId::new(n.clone()).map_err(|e| invalid("trust.node_keys", e.to_string()))?;
-        node_keys.push((
-            node,
-            parse_key_hex(k).map_err(|e| invalid("trust.node_keys", e))?,
-        ));
+    if raw.trust.node_keys.is_some() {
+        return Err(invalid("trust.node_keys", NODE_KEYS_REMOVED));
     }
     if !raw.authority.dev && raw.authority.addresses.is_empty() {
         tracing::warn!("no [authority] addresses and no dev authority: lifecycle calls will fail");
@@ -593,7 +591,6 @@ pub fn validate(raw: AgentConfig) -> Result<Validated, ConfigError> {
         region,
         zone,
         authority_keys,
-        node_keys,
         mesh,
         raw,
     })

@@ -46,6 +46,7 @@ pub fn refusal_code(r: &Refusal) -> &'static str {
         Refusal::InvalidRequest(_) => "invalid_request",
         Refusal::NotAllowed => "not_allowed",
         Refusal::CapacityExhausted { .. } => "capacity_exhausted",
+        Refusal::NodeRevoked { .. } => "node_revoked",
     }
 }
 
@@ -83,7 +84,13 @@ impl DevAuthority {
         caller: NodeId,
         body: AuthorityRequestBody,
     ) -> Result<AuthorityOk, AuthorityError> {
-        let caller = Caller::Node(caller);
+        // Same rule as the replicated authority without a configured operator list: an
+        // `operator-*` certificate is an operator.
+        let caller = if caller.as_str().starts_with("operator-") {
+            Caller::Operator
+        } else {
+            Caller::Node(caller)
+        };
         let cmd = match body {
             AuthorityRequestBody::Register {
                 key,
@@ -121,6 +128,15 @@ impl DevAuthority {
                 key,
                 policy,
             },
+            AuthorityRequestBody::BindNodeKey { key } => {
+                AuthorityCommand::BindNodeKey { caller, key }
+            }
+            AuthorityRequestBody::RevokeNode { node } => {
+                AuthorityCommand::RevokeNode { caller, node }
+            }
+            AuthorityRequestBody::ReadmitNode { node } => {
+                AuthorityCommand::ReadmitNode { caller, node }
+            }
             AuthorityRequestBody::Status => {
                 return Ok(AuthorityOk::Status(AuthorityStatus {
                     node: self.node.clone(),

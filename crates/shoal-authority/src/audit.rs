@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 use shoal_proto::TransitionReason;
-use shoal_proto::{Generation, InstanceId, LifecycleState, NodeId, Revision, ServiceKey};
+use shoal_proto::{Generation, InstanceId, KeyId, LifecycleState, NodeId, Revision, ServiceKey};
 
 use crate::caller::CallerId;
 use crate::refusal::Refusal;
@@ -73,6 +73,21 @@ pub enum CommandSummary {
     PutPolicy {
         /// Service key.
         key: ServiceKey,
+    },
+    /// A node key binding (the node is the caller).
+    BindNodeKey {
+        /// Id of the key presented.
+        key: KeyId,
+    },
+    /// A node revocation.
+    RevokeNode {
+        /// The node.
+        node: NodeId,
+    },
+    /// A revocation lifted.
+    ReadmitNode {
+        /// The node.
+        node: NodeId,
     },
 }
 

@@ -36,6 +36,7 @@ fn lifecycle(instance: &str, revision: u64) -> LifecycleRecord {
         region: Region::new("eu-west").unwrap(),
         revision: Revision(revision),
         owner: NodeId::new("node-17.eu-west").unwrap(),
+        owner_key: Some([0x5a; 32]),
         endpoint: EndpointSpec {
             address: "10.1.2.3:8443".parse::<SocketAddr>().unwrap(),
             zone: Zone::new("eu-west-a").unwrap(),
