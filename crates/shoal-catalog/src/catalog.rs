@@ -355,21 +355,21 @@ struct NodeKeys {
 }
 
 /// How a health record's signer relates to its owner node's bound keys.
-enum KeyStatus {
+enum KeyStatus<'a> {
     /// No verified lifecycle record bound this key to the node (yet).
     Unknown,
     /// Bound once, but the node was revoked after its last binding.
     Revoked,
     /// Bound: the key and the lowest revision that bound it.
-    Bound(VerifyingKey, Revision),
+    Bound(&'a VerifyingKey, Revision),
 }
 
 impl NodeKeys {
-    fn status(&self, signer: KeyId) -> KeyStatus {
+    fn status(&self, signer: KeyId) -> KeyStatus<'_> {
         match self.keys.iter().find(|(k, _)| k.id() == signer) {
             None => KeyStatus::Unknown,
             Some((_, first)) if *first < self.revoked_at => KeyStatus::Revoked,
-            Some((k, first)) => KeyStatus::Bound(*k, *first),
+            Some((k, first)) => KeyStatus::Bound(k, *first),
         }
     }
 
@@ -810,21 +810,21 @@ impl Catalog {
     fn merge_health(&mut self, signed: Arc<SignedHealth>, verifier: &dyn Verifier) -> MergeOutcome {
         let rec = &signed.record;
         // Which key may have signed it: one a verified lifecycle record bound to its owner.
-        let status = self
+        let checked = match self
             .node_keys
             .get(&rec.owner)
-            .map_or(KeyStatus::Unknown, |k| k.status(signed.signer));
-        let first_bound = match status {
-            KeyStatus::Unknown => return self.hold_early(signed, false),
-            KeyStatus::Revoked => {
-                return MergeOutcome::BadSignature(SignatureError::Revoked(signed.signer))
-            }
+            .map_or(KeyStatus::Unknown, |k| k.status(signed.signer))
+        {
+            KeyStatus::Unknown => Ok(None),
+            KeyStatus::Revoked => Err(SignatureError::Revoked(signed.signer)),
             KeyStatus::Bound(key, first) => {
-                if let Err(e) = verifier.verify_health(&signed, &key) {
-                    return MergeOutcome::BadSignature(e);
-                }
-                first
+                verifier.verify_health(&signed, key).map(|()| Some(first))
             }
+        };
+        let first_bound = match checked {
+            Err(e) => return MergeOutcome::BadSignature(e),
+            Ok(None) => return self.hold_early(signed, false),
+            Ok(Some(first)) => first,
         };
         let Some(entry) = self
             .services
