@@ -626,3 +626,43 @@ fn mesh_config(raw: &AgentConfig) -> Result<MeshConfig, ConfigError> {
 
 /// `ProbeSpec` re-exported for config users.
 pub type Probe = ProbeSpec;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+node_id = "node-a"
+region = "dev"
+zone = "z1"
+data_dir = "/tmp/x"
+listen = "127.0.0.1:7946"
+socket = "/tmp/x.sock"
+
+[tls]
+ca = "ca.pem"
+cert = "c.pem"
+key = "k.pem"
+
+[trust]
+dev_authority = true
+
+[authority]
+dev = true
+"#;
+
+    #[test]
+    fn the_removed_node_keys_setting_is_refused_naming_adr_0006() {
+        validate(toml::from_str(BASE).unwrap()).unwrap();
+        let old = BASE.replace(
+            "[trust]\n",
+            "[trust]\nnode_keys = { \"node-2\" = \"00\" }\n",
+        );
+        let err = validate(toml::from_str(&old).unwrap())
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("trust.node_keys"), "{err}");
+        assert!(err.contains("0006-node-keys-in-lifecycle-records"), "{err}");
+    }
+}

@@ -350,3 +350,39 @@ pub fn from_hex(s: &str) -> Option<Vec<u8>> {
         .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+id = 1
+region = "eu-west"
+data_dir = "/tmp/x"
+ca = "ca.pem"
+cert = "c.pem"
+key = "k.pem"
+signing_key = "s.key"
+
+[[members]]
+id = 1
+node = "auth-1"
+raft_addr = "127.0.0.1:7101"
+rpc_addr = "127.0.0.1:7100"
+"#;
+
+    #[test]
+    fn the_removed_node_keys_setting_is_refused_naming_adr_0006() {
+        let ok: AuthorityConfig = toml::from_str(BASE).unwrap();
+        ok.validate().unwrap();
+        let old = BASE.replace(
+            "[[members]]",
+            "[mesh]\nnode_keys = { \"node-2\" = \"00\" }\n\n[[members]]",
+        );
+        let cfg: AuthorityConfig = toml::from_str(&old).unwrap();
+        let err = cfg.validate().unwrap_err().to_string();
+        assert!(err.contains("node_keys"), "{err}");
+        assert!(err.contains("0006-node-keys-in-lifecycle-records"), "{err}");
+        assert!(cfg.mesh_settings_parts().is_err());
+    }
+}
