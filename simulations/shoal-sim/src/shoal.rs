@@ -1912,10 +1912,12 @@ impl Harness for ShoalHarness {
         c.insert("authority_refusals".into(), self.authority_refusals);
         c.insert("instances".into(), self.instances.len() as u64);
         let mut totals = BTreeMap::<&str, u64>::new();
+        let mut unverified = 0;
         for (_, n) in world.nodes() {
             let Some(n) = n else { continue };
             let m = n.mesh();
             let cc = m.catalog().counters();
+            unverified += cc.unverified;
             for (k, v) in [
                 ("records_applied", cc.applied),
                 ("records_stale", cc.stale),
@@ -1956,6 +1958,11 @@ impl Harness for ShoalHarness {
         }
         for (k, v) in totals {
             c.insert(k.into(), v);
+        }
+        if unverified > 0 {
+            // Health no verified lifecycle record bound a key for (ADR 0006); every simulated
+            // agent binds its key before registering, so only when non-zero.
+            c.insert("records_unverified".into(), unverified);
         }
         for (i, (from, to, at)) in obs.false_down_samples.iter().enumerate() {
             c.insert(format!("false_down_{i:02}_n{from}_saw_n{to}_at_ms"), *at);
