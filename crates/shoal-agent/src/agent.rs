@@ -94,10 +94,8 @@ pub async fn run_until(
     if raw.authority.dev || raw.trust.dev_authority {
         keyring.trust_authority(cfg.region.clone(), dev_pub);
     }
-    for (n, k) in &cfg.node_keys {
-        keyring.trust_node(n.clone(), *k);
-    }
-    keyring.trust_node(cfg.node_id.clone(), node_key.verifying_key());
+    // No node key is configured: every lifecycle record carries its owner's key as the
+    // authority bound it, ours included (docs/adr/0006-node-keys-in-lifecycle-records.md).
 
     let identity = MemberId {
         node: cfg.node_id.clone(),
@@ -162,6 +160,8 @@ pub async fn run_until(
     let (index_tx, _) = watch::channel(1u64);
     let shared = Arc::new(Shared {
         node_key_hex: keys::to_hex(&node_key.verifying_key().to_bytes()),
+        node_public_key: node_key.verifying_key().to_bytes(),
+        node_key_bound: std::sync::atomic::AtomicBool::new(false),
         dev_authority_key_hex: dev
             .as_ref()
             .map(|d| keys::to_hex(&d.verifying_key().to_bytes())),
@@ -191,6 +191,7 @@ pub async fn run_until(
     let mut tasks = vec![
         tokio::spawn(join_loop(shared.clone(), join_rx)),
         tokio::spawn(status_loop(shared.clone())),
+        tokio::spawn(bind_node_key(shared.clone())),
         tokio::spawn(register_configured(shared.clone())),
     ];
     let socket = shared.cfg.raw.socket.clone();
@@ -327,6 +328,27 @@ async fn status_loop(shared: Arc<Shared>) {
     loop {
         let _ = crate::client::call(&shared, AuthorityRequestBody::Status).await;
         tokio::time::sleep(Duration::from_millis(every / 2 + jitter.upto(every))).await;
+    }
+}
+
+/// Binds this node's key at the region authority (ADR 0006), retrying with backoff until it
+/// answers; the authority re-issues our live records if the key is new to it. Until then our
+/// health records verify nowhere else (and our instances cannot be registered anyway).
+async fn bind_node_key(shared: Arc<Shared>) {
+    let mut jitter = Jitter::new();
+    let mut attempt: u32 = 0;
+    loop {
+        match crate::api::ensure_node_key_bound(&shared).await {
+            Ok(()) => return,
+            Err(crate::client::CallError::Refused { code, reason }) => {
+                tracing::error!(%code, %reason, "the authority refuses our node key: our health records verify nowhere (revoked?)");
+                return;
+            }
+            Err(e) => tracing::debug!(error = %e, attempt, "node key not bound yet"),
+        }
+        let ceiling = 200u64.saturating_mul(1 << attempt.min(6)).min(10_000);
+        tokio::time::sleep(Duration::from_millis(jitter.upto(ceiling))).await;
+        attempt = attempt.saturating_add(1);
     }
 }
 

@@ -846,6 +846,32 @@ fn check_probes(
     Ok(())
 }
 
+/// Makes sure the authority has bound this node's key (ADR 0006) since start; publishes the
+/// records it re-issued, if any. Cheap once bound.
+///
+/// # Errors
+/// [`CallError`] when the authority is unavailable or refuses (a revoked node).
+pub async fn ensure_node_key_bound(shared: &Arc<Shared>) -> Result<(), CallError> {
+    use std::sync::atomic::Ordering;
+    if shared.node_key_bound.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    let body = AuthorityRequestBody::BindNodeKey {
+        key: shared.node_public_key,
+    };
+    let reissued = publish(shared, client::call(shared, body).await?)
+        .await
+        .len();
+    if !shared.node_key_bound.swap(true, Ordering::AcqRel) {
+        tracing::info!(
+            reissued,
+            node_key = %shared.node_key_hex,
+            "node key bound at the authority"
+        );
+    }
+    Ok(())
+}
+
 /// Registers an instance through the authority, publishes the result and starts its probes.
 /// `who`: the local caller (`None`: the agent itself, for `[[instances]]` of its config); the
 /// caller becomes the instance's owner.
@@ -867,6 +893,11 @@ pub async fn register_instance(
     check_probes(shared, who, b)?;
     let endpoint = endpoint_spec(shared, b)?;
     let addr = endpoint.address;
+    // Our records must carry our key, or our health verifies nowhere else. If binding fails
+    // now, the registration is still tried; the background binder re-issues it later.
+    if let Err(e) = ensure_node_key_bound(shared).await {
+        tracing::warn!(error = %e, "node key not bound yet; registering anyway");
+    }
     let body = AuthorityRequestBody::Register {
         key: key.clone(),
         instance: instance.clone(),
@@ -1086,6 +1117,12 @@ async fn agent_self(State(shared): State<Arc<Shared>>) -> Response {
     body.insert("address".into(), json!(identity.addr.to_string()));
     body.insert("boot".into(), json!(identity.boot.0));
     body.insert("node_key".into(), json!(shared.node_key_hex));
+    body.insert(
+        "node_key_bound".into(),
+        json!(shared
+            .node_key_bound
+            .load(std::sync::atomic::Ordering::Acquire)),
+    );
     body.insert("active".into(), json!(st.active));
     body.insert("members".into(), json!(members));
     body.insert("catalog_entries".into(), json!(catalog_len));

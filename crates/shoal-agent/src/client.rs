@@ -38,6 +38,9 @@ fn op_name(body: &AuthorityRequestBody) -> &'static str {
         AuthorityRequestBody::GetPolicy { .. } => "get_policy",
         AuthorityRequestBody::PutPolicy { .. } => "put_policy",
         AuthorityRequestBody::Status => "status",
+        AuthorityRequestBody::BindNodeKey { .. } => "bind_node_key",
+        AuthorityRequestBody::RevokeNode { .. } => "revoke_node",
+        AuthorityRequestBody::ReadmitNode { .. } => "readmit_node",
     }
 }
 

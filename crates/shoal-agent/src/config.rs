@@ -17,7 +17,6 @@
 //!
 //! [trust]
 //! authority_keys = ["<64 hex chars>"]            # two during a key rotation
-//! node_keys = { "node-2" = "<64 hex chars>" }    # see docs/adr/0003-node-keys.md
 //!
 //! [authority]
 //! addresses = ["10.0.0.10:7946"]
@@ -194,9 +193,10 @@ pub struct TrustConfig {
     /// Authority public keys of this region (hex, 32 bytes); two during a rotation.
     #[serde(default)]
     pub authority_keys: Vec<String>,
-    /// Node public keys (hex) by node id, for health records (docs/adr/0003-node-keys.md).
+    /// Removed setting, kept only to refuse it with a clear message: node keys now come bound
+    /// in authority-signed lifecycle records (docs/adr/0006-node-keys-in-lifecycle-records.md).
     #[serde(default)]
-    pub node_keys: BTreeMap<String, String>,
+    pub node_keys: Option<serde::de::IgnoredAny>,
     /// Trust the well-known, INSECURE development authority key of this region (for agents that
     /// forward to a peer running `--dev-authority`).
     #[serde(default)]
@@ -549,8 +549,6 @@ pub struct Validated {
     pub zone: Zone,
     /// Trusted authority keys.
     pub authority_keys: Vec<VerifyingKey>,
-    /// Trusted node keys.
-    pub node_keys: Vec<(NodeId, VerifyingKey)>,
     /// Mesh tuning after overrides.
     pub mesh: MeshConfig,
     /// The compiled `[access]` policy (names resolved at start).
@@ -560,6 +558,11 @@ pub struct Validated {
     /// Gid for the socket file, when `[api] socket_group` is set.
     pub socket_gid: Option<u32>,
 }
+
+/// Why `node_keys` is refused (agent `[trust]` and authority `[mesh]` alike).
+pub const NODE_KEYS_REMOVED: &str = "this setting was removed: every lifecycle record now \
+carries its owner node's key as the region authority bound it, so no node key is configured \
+anywhere (docs/adr/0006-node-keys-in-lifecycle-records.md); delete the setting";
 
 /// Loads, overrides and validates.
 ///
@@ -685,13 +688,8 @@ pub fn validate(raw: AgentConfig) -> Result<Validated, ConfigError> {
     for k in &raw.trust.authority_keys {
         authority_keys.push(parse_key_hex(k).map_err(|e| invalid("trust.authority_keys", e))?);
     }
-    let mut node_keys = Vec::new();
-    for (n, k) in &raw.trust.node_keys {
-        let node = NodeId::new(n.clone()).map_err(|e| invalid("trust.node_keys", e.to_string()))?;
-        node_keys.push((
-            node,
-            parse_key_hex(k).map_err(|e| invalid("trust.node_keys", e))?,
-        ));
+    if raw.trust.node_keys.is_some() {
+        return Err(invalid("trust.node_keys", NODE_KEYS_REMOVED));
     }
     if !raw.authority.dev && raw.authority.addresses.is_empty() {
         tracing::warn!("no [authority] addresses and no dev authority: lifecycle calls will fail");
@@ -739,7 +737,6 @@ pub fn validate(raw: AgentConfig) -> Result<Validated, ConfigError> {
         region,
         zone,
         authority_keys,
-        node_keys,
         mesh,
         access,
         agent_uid,
@@ -778,3 +775,43 @@ fn mesh_config(raw: &AgentConfig) -> Result<MeshConfig, ConfigError> {
 
 /// `ProbeSpec` re-exported for config users.
 pub type Probe = ProbeSpec;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+node_id = "node-a"
+region = "dev"
+zone = "z1"
+data_dir = "/tmp/x"
+listen = "127.0.0.1:7946"
+socket = "/tmp/x.sock"
+
+[tls]
+ca = "ca.pem"
+cert = "c.pem"
+key = "k.pem"
+
+[trust]
+dev_authority = true
+
+[authority]
+dev = true
+"#;
+
+    #[test]
+    fn the_removed_node_keys_setting_is_refused_naming_adr_0006() {
+        validate(toml::from_str(BASE).unwrap()).unwrap();
+        let old = BASE.replace(
+            "[trust]\n",
+            "[trust]\nnode_keys = { \"node-2\" = \"00\" }\n",
+        );
+        let err = validate(toml::from_str(&old).unwrap())
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("trust.node_keys"), "{err}");
+        assert!(err.contains("0006-node-keys-in-lifecycle-records"), "{err}");
+    }
+}

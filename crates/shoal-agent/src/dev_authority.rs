@@ -56,6 +56,7 @@ pub fn refusal_code(r: &Refusal) -> &'static str {
         Refusal::InvalidRequest(_) => "invalid_request",
         Refusal::NotAllowed => "not_allowed",
         Refusal::CapacityExhausted { .. } => "capacity_exhausted",
+        Refusal::NodeRevoked { .. } => "node_revoked",
     }
 }
 
@@ -106,7 +107,13 @@ impl DevAuthority {
         body: AuthorityRequestBody,
         on_behalf_of: Option<LocalCaller>,
     ) -> Result<AuthorityOk, AuthorityError> {
-        let caller = Caller::Node(caller);
+        // Same rule as the replicated authority without a configured operator list: an
+        // `operator-*` certificate is an operator.
+        let caller = if caller.as_str().starts_with("operator-") {
+            Caller::Operator
+        } else {
+            Caller::Node(caller)
+        };
         let cmd = match body {
             AuthorityRequestBody::Register {
                 key,
@@ -144,6 +151,15 @@ impl DevAuthority {
                 key,
                 policy,
             },
+            AuthorityRequestBody::BindNodeKey { key } => {
+                AuthorityCommand::BindNodeKey { caller, key }
+            }
+            AuthorityRequestBody::RevokeNode { node } => {
+                AuthorityCommand::RevokeNode { caller, node }
+            }
+            AuthorityRequestBody::ReadmitNode { node } => {
+                AuthorityCommand::ReadmitNode { caller, node }
+            }
             AuthorityRequestBody::Status => {
                 return Ok(AuthorityOk::Status(AuthorityStatus {
                     node: self.node.clone(),

@@ -92,6 +92,10 @@ pub struct Shared {
     pub driver: mpsc::Sender<DriverCmd>,
     /// Our public node key (hex).
     pub node_key_hex: String,
+    /// Our public node key, as the authority binds it into our records (ADR 0006).
+    pub node_public_key: shoal_proto::NodeKey,
+    /// Whether the authority has confirmed the binding of `node_public_key` since start.
+    pub node_key_bound: std::sync::atomic::AtomicBool,
     /// The development authority's public key (hex) when it runs here.
     pub dev_authority_key_hex: Option<String>,
     /// Boot generation of this process.

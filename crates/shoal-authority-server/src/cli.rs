@@ -49,6 +49,12 @@ pub enum AuthorityCmd {
         #[command(subcommand)]
         cmd: SnapshotCmd,
     },
+    /// Revoke or readmit a node's key (operator certificate required; ADR 0006).
+    Node {
+        /// What to do.
+        #[command(subcommand)]
+        cmd: NodeCmd,
+    },
     /// Generate a region signing key seed file and print its verifying key (hex) for the
     /// agents' `authority_keys`.
     Keygen {
@@ -56,6 +62,84 @@ pub enum AuthorityCmd {
         #[arg(long)]
         out: PathBuf,
     },
+}
+
+/// How to reach a replica as an operator.
+#[derive(Debug, clap::Args)]
+pub struct Connect {
+    /// A replica's RPC address (`ip:port`); a follower's answer redirects to the leader.
+    #[arg(long)]
+    addr: SocketAddr,
+    /// Region CA PEM.
+    #[arg(long)]
+    ca: PathBuf,
+    /// Operator certificate PEM (`operator-*` identity, or one listed as an operator).
+    #[arg(long)]
+    cert: PathBuf,
+    /// Operator key PEM.
+    #[arg(long)]
+    key: PathBuf,
+    /// Reply timeout in ms.
+    #[arg(long, default_value_t = 5_000)]
+    timeout_ms: u64,
+}
+
+/// `shoal authority node ...`.
+#[derive(Debug, Subcommand)]
+pub enum NodeCmd {
+    /// Revoke `node`: the authority stores no key for it, refuses it until readmitted and
+    /// expires every live instance it owns (reason `NodeRevoked`), so nothing it signed
+    /// verifies on any agent. Prints the expired records as JSON.
+    Revoke {
+        /// The node id.
+        node: String,
+        /// Where the authority is.
+        #[command(flatten)]
+        connect: Connect,
+    },
+    /// Lift a revocation: `node` may bind a new key (its revoked key stays refused).
+    Readmit {
+        /// The node id.
+        node: String,
+        /// Where the authority is.
+        #[command(flatten)]
+        connect: Connect,
+    },
+}
+
+/// Sends one operator request, following leader redirects (at most 3).
+async fn operator_call(c: &Connect, body: AuthorityRequestBody) -> anyhow::Result<AuthorityOk> {
+    let client = AuthorityClient::connect(
+        "127.0.0.1:0".parse().expect("addr"),
+        &read_pem_file(&c.ca)?,
+        &read_pem_file(&c.cert)?,
+        &read_pem_file(&c.key)?,
+    )?;
+    let mut addr = c.addr;
+    let mut result = Err(anyhow::anyhow!("no answer"));
+    for _ in 0..4 {
+        let res = client
+            .call(addr, body.clone(), Duration::from_millis(c.timeout_ms))
+            .await?;
+        match res {
+            Err(shoal_proto::rpc::AuthorityError::NotLeader {
+                leader: Some(leader),
+            }) => {
+                addr = leader.parse().context("leader address")?;
+                result = Err(anyhow::anyhow!("not the leader; last tried {addr}"));
+            }
+            Err(e) => {
+                result = Err(anyhow::anyhow!("refused: {e}"));
+                break;
+            }
+            Ok(ok) => {
+                result = Ok(ok);
+                break;
+            }
+        }
+    }
+    client.shutdown().await;
+    result
 }
 
 /// `shoal authority snapshot ...`.
@@ -156,6 +240,38 @@ pub async fn run(cmd: AuthorityCmd) -> anyhow::Result<()> {
                 Ok(())
             }
         },
+        AuthorityCmd::Node { cmd } => {
+            let (what, node, connect) = match cmd {
+                NodeCmd::Revoke { node, connect } => ("revoked", node, connect),
+                NodeCmd::Readmit { node, connect } => ("readmitted", node, connect),
+            };
+            let id = shoal_proto::NodeId::new(node.clone()).context("node id")?;
+            let body = if what == "revoked" {
+                AuthorityRequestBody::RevokeNode { node: id }
+            } else {
+                AuthorityRequestBody::ReadmitNode { node: id }
+            };
+            let records = match operator_call(&connect, body).await? {
+                AuthorityOk::Committed { records } => records,
+                other => anyhow::bail!("unexpected answer: {other:?}"),
+            };
+            let expired: Vec<_> = records
+                .iter()
+                .map(|r| {
+                    serde_json::json!({
+                        "service": r.record.key.to_string(),
+                        "instance": r.record.instance.as_str(),
+                        "generation": r.record.generation.0,
+                        "revision": r.record.revision.0,
+                    })
+                })
+                .collect();
+            println!(
+                "{}",
+                serde_json::json!({ "node": node, what: true, "expired": expired })
+            );
+            Ok(())
+        }
         AuthorityCmd::Keygen { out } => {
             let mut seed = [0u8; 32];
             rand::fill(&mut seed);

@@ -31,12 +31,14 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use serde::Deserialize;
-use shoal_proto::{NodeId, Region, SigningKey, VerifyingKey, Zone};
+use shoal_proto::{Region, SigningKey, Zone};
 
 use crate::types::{Member, RaftId};
 
-/// Node public keys by node id.
-pub type NodeKeys = Vec<(NodeId, VerifyingKey)>;
+/// Why `[mesh] node_keys` is refused.
+pub const NODE_KEYS_REMOVED: &str = "this setting was removed: every lifecycle record now \
+carries its owner node's key as the region authority bound it, so no node key is configured \
+anywhere (docs/adr/0006-node-keys-in-lifecycle-records.md); delete the setting";
 
 /// One voter in the config.
 #[derive(Debug, Clone, Deserialize)]
@@ -150,10 +152,10 @@ pub struct MeshKnobs {
     /// are down or absent (a partition or an isolated member, not node failures).
     #[serde(default = "d_max_down_percent")]
     pub max_down_percent: u8,
-    /// Node public keys (hex) by node id, to verify health records (optional; unknown ones are
-    /// refused and counted, which only affects the member's own catalog).
+    /// Removed setting, kept only to refuse it with a clear message: node keys now come bound
+    /// in authority-signed lifecycle records (docs/adr/0006-node-keys-in-lifecycle-records.md).
     #[serde(default)]
-    pub node_keys: BTreeMap<String, String>,
+    pub node_keys: Option<serde::de::IgnoredAny>,
 }
 
 impl Default for MeshKnobs {
@@ -169,7 +171,7 @@ impl Default for MeshKnobs {
             join_max_ms: d_join_max(),
             absent_grace_ms: d_absent_grace(),
             max_down_percent: d_max_down_percent(),
-            node_keys: BTreeMap::new(),
+            node_keys: None,
         }
     }
 }
@@ -235,6 +237,9 @@ impl AuthorityConfig {
     /// # Errors
     /// A description of the first problem.
     pub fn validate(&self) -> anyhow::Result<()> {
+        if self.mesh.node_keys.is_some() {
+            bail!("[mesh] node_keys: {NODE_KEYS_REMOVED}");
+        }
         let n = self.members.len();
         if ![1, 3, 5].contains(&n) {
             bail!("members: {n} voters; use 3 or 5 (1 for development only)");
@@ -289,28 +294,21 @@ impl AuthorityConfig {
             .collect()
     }
 
-    /// The embedded member's zone, mesh tuning (validated) and node keys.
+    /// The embedded member's zone and mesh tuning (validated).
     ///
     /// # Errors
-    /// A bad zone, SWIM timings foca refuses, or a bad node key.
-    pub fn mesh_settings_parts(&self) -> anyhow::Result<(Zone, shoal_mesh::MeshConfig, NodeKeys)> {
+    /// A bad zone, SWIM timings foca refuses, or the removed `node_keys` setting.
+    pub fn mesh_settings_parts(&self) -> anyhow::Result<(Zone, shoal_mesh::MeshConfig)> {
         let zone = Zone::new(self.mesh_zone.clone()).context("mesh_zone")?;
+        if self.mesh.node_keys.is_some() {
+            bail!("[mesh] node_keys: {NODE_KEYS_REMOVED}");
+        }
         let mut mesh = shoal_mesh::MeshConfig::for_cluster_size(self.mesh.cluster_size);
         crate::member::apply_knobs(&mut mesh, &self.mesh);
         mesh.membership
             .validate()
             .map_err(|e| anyhow::anyhow!("[mesh]: {e}"))?;
-        let mut keys = Vec::new();
-        for (n, k) in &self.mesh.node_keys {
-            let node = NodeId::new(n.clone()).context("[mesh] node_keys")?;
-            let bytes: [u8; 32] = from_hex(k.trim())
-                .and_then(|b| b.try_into().ok())
-                .with_context(|| format!("[mesh] node_keys.{n}: expected 64 hex characters"))?;
-            let key = VerifyingKey::from_bytes(bytes)
-                .map_err(|e| anyhow::anyhow!("[mesh] node_keys.{n}: {e}"))?;
-            keys.push((node, key));
-        }
-        Ok((zone, mesh, keys))
+        Ok((zone, mesh))
     }
 
     /// Reads the region signing key.
@@ -351,4 +349,40 @@ pub fn from_hex(s: &str) -> Option<Vec<u8>> {
         .step_by(2)
         .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+id = 1
+region = "eu-west"
+data_dir = "/tmp/x"
+ca = "ca.pem"
+cert = "c.pem"
+key = "k.pem"
+signing_key = "s.key"
+
+[[members]]
+id = 1
+node = "auth-1"
+raft_addr = "127.0.0.1:7101"
+rpc_addr = "127.0.0.1:7100"
+"#;
+
+    #[test]
+    fn the_removed_node_keys_setting_is_refused_naming_adr_0006() {
+        let ok: AuthorityConfig = toml::from_str(BASE).unwrap();
+        ok.validate().unwrap();
+        let old = BASE.replace(
+            "[[members]]",
+            "[mesh]\nnode_keys = { \"node-2\" = \"00\" }\n\n[[members]]",
+        );
+        let cfg: AuthorityConfig = toml::from_str(&old).unwrap();
+        let err = cfg.validate().unwrap_err().to_string();
+        assert!(err.contains("node_keys"), "{err}");
+        assert!(err.contains("0006-node-keys-in-lifecycle-records"), "{err}");
+        assert!(cfg.mesh_settings_parts().is_err());
+    }
 }

@@ -85,6 +85,7 @@ pub fn refusal_code(r: &Refusal) -> &'static str {
         Refusal::InvalidRequest(_) => "invalid_request",
         Refusal::NotAllowed => "not_allowed",
         Refusal::CapacityExhausted { .. } => "capacity_exhausted",
+        Refusal::NodeRevoked { .. } => "node_revoked",
     }
 }
 
@@ -224,12 +225,9 @@ impl Replica {
         let member = match cfg.mesh_addr {
             None => None,
             Some(listen) => {
-                let (zone, mesh, node_keys) = cfg.mesh_settings_parts()?;
+                let (zone, mesh) = cfg.mesh_settings_parts()?;
                 let mut keyring = shoal_catalog::Keyring::new();
                 keyring.trust_authority(cfg.region.clone(), signing_key.verifying_key());
-                for (n, k) in node_keys {
-                    keyring.trust_node(n, k);
-                }
                 let settings = MemberSettings {
                     listen,
                     seeds: cfg.mesh_seeds.clone(),
@@ -532,6 +530,23 @@ impl Replica {
                 },
                 Some(key),
             ),
+            AuthorityRequestBody::BindNodeKey { key } => {
+                if self.sm.with_state(
+                    |s| matches!(&caller, Caller::Node(n) if s.node_key(n) == Some(key)),
+                ) {
+                    // Every agent start: already bound, nothing to commit.
+                    return Ok(AuthorityOk::Committed {
+                        records: Vec::new(),
+                    });
+                }
+                (AuthorityCommand::BindNodeKey { caller, key }, None)
+            }
+            AuthorityRequestBody::RevokeNode { node } => {
+                (AuthorityCommand::RevokeNode { caller, node }, None)
+            }
+            AuthorityRequestBody::ReadmitNode { node } => {
+                (AuthorityCommand::ReadmitNode { caller, node }, None)
+            }
         };
         let started = Instant::now();
         let res = self.write(cmd.clone(), on_behalf_of.clone()).await;

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Serialize};
 use shoal_proto::rpc::LocalCaller;
 use shoal_proto::TransitionReason;
-use shoal_proto::{Generation, InstanceId, LifecycleState, NodeId, Revision, ServiceKey};
+use shoal_proto::{Generation, InstanceId, KeyId, LifecycleState, NodeId, Revision, ServiceKey};
 
 use crate::caller::CallerId;
 use crate::refusal::Refusal;
@@ -74,6 +74,21 @@ pub enum CommandSummary {
     PutPolicy {
         /// Service key.
         key: ServiceKey,
+    },
+    /// A node key binding (the node is the caller).
+    BindNodeKey {
+        /// Id of the key presented.
+        key: KeyId,
+    },
+    /// A node revocation.
+    RevokeNode {
+        /// The node.
+        node: NodeId,
+    },
+    /// A revocation lifted.
+    ReadmitNode {
+        /// The node.
+        node: NodeId,
     },
 }
 

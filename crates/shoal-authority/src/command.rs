@@ -2,8 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 use shoal_proto::{
-    EndpointSpec, Generation, InstanceId, LifecycleState, NodeId, ServiceKey, ServicePolicy,
-    SigningKey, TransitionReason,
+    EndpointSpec, Generation, InstanceId, LifecycleState, NodeId, NodeKey, ServiceKey,
+    ServicePolicy, SigningKey, TransitionReason,
 };
 
 use crate::caller::Caller;
@@ -82,6 +82,36 @@ pub enum AuthorityCommand {
     LeaderTakeover {
         /// The new leader's monotonic ms at takeover.
         now_ms: u64,
+    },
+    /// Bind the calling node's health-signing key (node callers only: the node is the one the
+    /// caller's certificate names, so nobody binds a key for another node). Every record the
+    /// authority signs for the node's instances carries the bound key
+    /// (`LifecycleRecord::owner_key`). A key different from the stored one (the node's data
+    /// directory was replaced, or it had none yet) re-issues every live instance of the node
+    /// bound to the new key (reason `NodeKeyChanged`); the same key again emits nothing.
+    /// Refused for a revoked node, and for a key that was revoked.
+    BindNodeKey {
+        /// Who asks; must be [`Caller::Node`].
+        caller: Caller,
+        /// The node's ed25519 public key.
+        key: NodeKey,
+    },
+    /// Revoke `node` (operators only): store "no key" for it, refuse its bindings, requests
+    /// and registrations until it is readmitted, and expire every live instance it owns
+    /// (reason `NodeRevoked`), so nothing signed by it verifies anywhere. Its last key stays
+    /// refused for good: a readmitted node must present a new one.
+    RevokeNode {
+        /// Who asks; must be [`Caller::Operator`].
+        caller: Caller,
+        /// The node.
+        node: NodeId,
+    },
+    /// Lift a revocation (operators only): `node` may bind a new key and register again.
+    ReadmitNode {
+        /// Who asks; must be [`Caller::Operator`].
+        caller: Caller,
+        /// The node.
+        node: NodeId,
     },
     /// Store (replace) the signed cross-region policy of `key`. Operators only.
     PutPolicy {

@@ -63,6 +63,6 @@ pub use caller::{Caller, CallerId, Scope, MAX_SCOPES};
 pub use command::{ApplyContext, AuthorityCommand};
 pub use refusal::{InvalidRequest, Refusal};
 pub use state::{
-    AuthorityState, Binding, StateError, MAX_BINDINGS, MAX_DOWN_NODES, MAX_EXPIRE_BATCH,
-    MAX_LEASE_MS, MAX_POLICIES, MIN_LEASE_MS,
+    AuthorityState, Binding, NodeKeyState, StateError, MAX_BINDINGS, MAX_DOWN_NODES,
+    MAX_EXPIRE_BATCH, MAX_LEASE_MS, MAX_NODE_KEYS, MAX_POLICIES, MAX_REVOKED_KEYS, MIN_LEASE_MS,
 };

@@ -63,6 +63,13 @@ pub enum Refusal {
     /// outside its scope, a node registering on another node, a non-operator writing policy).
     #[error("caller is not allowed to do this")]
     NotAllowed,
+    /// The node was revoked by an operator (or the key presented is one that was revoked):
+    /// nothing from it is admitted until it is readmitted with a new key.
+    #[error("node {node} is revoked")]
+    NodeRevoked {
+        /// The node.
+        node: NodeId,
+    },
     /// A bound on the state would be exceeded (e.g. [`crate::MAX_BINDINGS`]). Counted in the
     /// audit log; nothing grows past its limit.
     #[error("capacity of {limit} exhausted")]
@@ -102,6 +109,9 @@ pub enum InvalidRequest {
     /// The policy document is out of bounds.
     #[error(transparent)]
     Policy(PolicyError),
+    /// The node key is not a valid ed25519 public key.
+    #[error("node key is not a valid ed25519 public key")]
+    NodeKey,
     /// The log index did not increase: the driver applied an entry twice or out of order.
     #[error("log index {log_index} is not above the last applied {last_applied}")]
     LogIndexNotIncreasing {

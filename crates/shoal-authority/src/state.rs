@@ -6,9 +6,9 @@ use serde::{Deserialize, Serialize};
 use shoal_catalog::check_transition;
 use shoal_proto::rpc::LocalCaller;
 use shoal_proto::{
-    EndpointSpec, Generation, InstanceId, LifecycleRecord, LifecycleState, NodeId, PolicyRecord,
-    Region, Revision, ServiceKey, ServicePolicy, SignedLifecycle, SignedPolicy, TransitionReason,
-    TransitionSource,
+    EndpointSpec, Generation, InstanceId, KeyId, LifecycleRecord, LifecycleState, NodeId, NodeKey,
+    PolicyRecord, Region, Revision, ServiceKey, ServicePolicy, SignedLifecycle, SignedPolicy,
+    TransitionReason, TransitionSource, VerifyingKey,
 };
 
 use crate::audit::{AuditEntry, AuditLog, AuditOutcome, CommandSummary, DEFAULT_AUDIT_CAPACITY};
@@ -32,6 +32,23 @@ pub const MAX_EXPIRE_BATCH: usize = 4_096;
 pub const MAX_DOWN_NODES: usize = 65_536;
 /// Most service policy documents one region stores (2,000 services, a few ports each).
 pub const MAX_POLICIES: usize = 65_536;
+/// Most nodes whose key (or revocation) one region stores (a region has ~1,667 nodes).
+pub const MAX_NODE_KEYS: usize = 65_536;
+/// Most revoked keys remembered per node (refused if presented again).
+pub const MAX_REVOKED_KEYS: usize = 4;
+
+/// What the authority holds about one node's health-signing key (ADR 0006).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeKeyState {
+    /// The key bound into every record the node owns; `None` before the node presented one
+    /// and while it is revoked.
+    pub key: Option<NodeKey>,
+    /// Revoked by an operator: bindings, registrations and requests from the node are refused.
+    pub revoked: bool,
+    /// Keys that were bound when the node was revoked (newest last, at most
+    /// [`MAX_REVOKED_KEYS`]): refused for good, so a readmitted node needs a new key.
+    pub revoked_keys: Vec<NodeKey>,
+}
 
 /// What the authority holds for one (service key, instance id): the current generation's
 /// signed lifecycle record, whose `owner` is the node the instance is bound to.
@@ -144,6 +161,7 @@ pub struct AuthorityState {
     down_nodes: BTreeMap<NodeId, u64>,
     lease_floor_ms: u64,
     policies: BTreeMap<ServiceKey, SignedPolicy>,
+    node_keys: BTreeMap<NodeId, NodeKeyState>,
     audit: AuditLog,
 }
 
@@ -165,6 +183,7 @@ impl AuthorityState {
             down_nodes: BTreeMap::new(),
             lease_floor_ms: 0,
             policies: BTreeMap::new(),
+            node_keys: BTreeMap::new(),
             audit: AuditLog::new(audit_capacity),
         }
     }
@@ -257,6 +276,21 @@ impl AuthorityState {
     /// Every stored policy, in service key order.
     pub fn policies(&self) -> impl Iterator<Item = &SignedPolicy> {
         self.policies.values()
+    }
+
+    /// The key bound for `node` (what its records carry as `owner_key`), if any.
+    pub fn node_key(&self, node: &NodeId) -> Option<NodeKey> {
+        self.node_keys.get(node).and_then(|n| n.key)
+    }
+
+    /// What is stored about `node`'s key, if anything.
+    pub fn node_key_state(&self, node: &NodeId) -> Option<&NodeKeyState> {
+        self.node_keys.get(node)
+    }
+
+    /// True when an operator revoked `node` and did not readmit it.
+    pub fn node_revoked(&self, node: &NodeId) -> bool {
+        self.node_keys.get(node).is_some_and(|n| n.revoked)
     }
 
     /// The audit log.
@@ -395,7 +429,106 @@ impl AuthorityState {
                 let revision = self.store_policy(key, policy, ctx);
                 Ok((Vec::new(), Some(revision)))
             }
+            AuthorityCommand::BindNodeKey { caller, key } => {
+                let node = self.check_bind(&caller, &key)?;
+                if self.node_key(&node) == Some(key) {
+                    return Ok((Vec::new(), None));
+                }
+                self.node_keys.entry(node.clone()).or_default().key = Some(key);
+                let planned = self.plan_for_node(&node, None, TransitionReason::NodeKeyChanged);
+                Ok((self.emit(planned, ctx), None))
+            }
+            AuthorityCommand::RevokeNode { caller, node } => {
+                self.check_operator_node(&caller, &node)?;
+                let entry = self.node_keys.entry(node.clone()).or_default();
+                entry.revoked = true;
+                if let Some(k) = entry.key.take() {
+                    if !entry.revoked_keys.contains(&k) {
+                        entry.revoked_keys.push(k);
+                    }
+                    if entry.revoked_keys.len() > MAX_REVOKED_KEYS {
+                        entry.revoked_keys.remove(0);
+                    }
+                }
+                let planned = self.plan_for_node(
+                    &node,
+                    Some(LifecycleState::Expired),
+                    TransitionReason::NodeRevoked,
+                );
+                Ok((self.emit(planned, ctx), None))
+            }
+            AuthorityCommand::ReadmitNode { caller, node } => {
+                self.check_operator_node(&caller, &node)?;
+                if let Some(entry) = self.node_keys.get_mut(&node) {
+                    entry.revoked = false;
+                }
+                Ok((Vec::new(), None))
+            }
         }
+    }
+
+    /// Which node a key binding is for, if it may bind at all.
+    fn check_bind(&self, caller: &Caller, key: &NodeKey) -> Result<NodeId, Refusal> {
+        let Caller::Node(node) = caller else {
+            return Err(Refusal::NotAllowed);
+        };
+        if VerifyingKey::from_bytes(*key).is_err() {
+            return Err(InvalidRequest::NodeKey.into());
+        }
+        match self.node_keys.get(node) {
+            Some(n) if n.revoked || n.revoked_keys.contains(key) => {
+                Err(Refusal::NodeRevoked { node: node.clone() })
+            }
+            Some(_) => Ok(node.clone()),
+            None if self.node_keys.len() >= MAX_NODE_KEYS => Err(Refusal::CapacityExhausted {
+                limit: MAX_NODE_KEYS as u64,
+            }),
+            None => Ok(node.clone()),
+        }
+    }
+
+    fn check_operator_node(&self, caller: &Caller, node: &NodeId) -> Result<(), Refusal> {
+        if *caller != Caller::Operator {
+            return Err(Refusal::NotAllowed);
+        }
+        if !self.node_keys.contains_key(node) && self.node_keys.len() >= MAX_NODE_KEYS {
+            return Err(Refusal::CapacityExhausted {
+                limit: MAX_NODE_KEYS as u64,
+            });
+        }
+        Ok(())
+    }
+
+    /// Refuses anything on behalf of, or bound to, a revoked node.
+    fn check_not_revoked(&self, node: &NodeId) -> Result<(), Refusal> {
+        if self.node_revoked(node) {
+            return Err(Refusal::NodeRevoked { node: node.clone() });
+        }
+        Ok(())
+    }
+
+    /// One record per live instance of `node`: moved to `to` (`None`: the same state) for
+    /// `reason`, bound to the node's key as stored now.
+    fn plan_for_node(
+        &self,
+        node: &NodeId,
+        to: Option<LifecycleState>,
+        reason: TransitionReason,
+    ) -> Vec<Planned> {
+        let owner_key = self.node_key(node);
+        self.bindings()
+            .filter(|(_, _, b)| b.node() == node && b.state() != LifecycleState::Expired)
+            .map(|(_, _, b)| Planned {
+                from: Some(b.state()),
+                record: LifecycleRecord {
+                    state: to.unwrap_or(b.state()),
+                    reason,
+                    source: TransitionSource::Authority,
+                    owner_key,
+                    ..b.current.record.clone()
+                },
+            })
+            .collect()
     }
 
     // ---- deciding (pure, &self) ----------------------------------------------------------
@@ -406,6 +539,7 @@ impl AuthorityState {
         generation: Generation,
     ) -> Result<Planned, Refusal> {
         let node = register_target(req.caller, &req.key, req.on_node)?;
+        self.check_not_revoked(&node)?;
         if !(MIN_LEASE_MS..=MAX_LEASE_MS).contains(&req.lease_ms) {
             return Err(InvalidRequest::LeaseOutOfRange {
                 lease_ms: req.lease_ms,
@@ -446,6 +580,7 @@ impl AuthorityState {
                 generation,
                 region: self.region.clone(),
                 revision: Revision(0),
+                owner_key: self.node_key(&node),
                 owner: node,
                 endpoint: req.endpoint,
                 state: to,
@@ -467,13 +602,21 @@ impl AuthorityState {
         reason: TransitionReason,
     ) -> Result<Planned, Refusal> {
         check_scope_size(caller)?;
-        if reason == TransitionReason::LeaseExpired {
+        if matches!(
+            reason,
+            TransitionReason::LeaseExpired
+                | TransitionReason::NodeKeyChanged
+                | TransitionReason::NodeRevoked
+        ) {
             return Err(InvalidRequest::ReservedReason(reason).into());
         }
         let binding = self
             .binding(key, instance)
             .ok_or(Refusal::UnknownInstance)?;
         authorize_change(caller, key, binding)?;
+        if let Caller::Node(me) = caller {
+            self.check_not_revoked(me)?;
+        }
         let current = binding.generation();
         if generation < current {
             return Err(Refusal::StaleGeneration {
@@ -501,6 +644,7 @@ impl AuthorityState {
                 state: to,
                 reason,
                 source: caller.source(),
+                owner_key: self.node_key(binding.node()),
                 ..binding.current.record.clone()
             },
         })
@@ -526,6 +670,7 @@ impl AuthorityState {
                     state: to,
                     reason,
                     source: TransitionSource::Authority,
+                    owner_key: self.node_key(b.node()),
                     ..b.current.record.clone()
                 },
             })
@@ -682,6 +827,14 @@ impl AuthorityState {
         if self.policies.len() > MAX_POLICIES || self.audit.len() > self.audit.capacity() {
             return fail("policies or audit log over their bound");
         }
+        if self.node_keys.len() > MAX_NODE_KEYS {
+            return fail("node keys over their bound");
+        }
+        for n in self.node_keys.values() {
+            if (n.revoked && n.key.is_some()) || n.revoked_keys.len() > MAX_REVOKED_KEYS {
+                return fail("a revoked node with a key, or too many revoked keys");
+            }
+        }
         let mut revisions = BTreeSet::new();
         for (key, instance, b) in self.bindings() {
             let rec = &b.current.record;
@@ -775,7 +928,10 @@ fn caller_id(cmd: &AuthorityCommand) -> CallerId {
     match cmd {
         AuthorityCommand::Register { caller, .. }
         | AuthorityCommand::Transition { caller, .. }
-        | AuthorityCommand::PutPolicy { caller, .. } => caller.id(),
+        | AuthorityCommand::PutPolicy { caller, .. }
+        | AuthorityCommand::BindNodeKey { caller, .. }
+        | AuthorityCommand::RevokeNode { caller, .. }
+        | AuthorityCommand::ReadmitNode { caller, .. } => caller.id(),
         AuthorityCommand::NodeDown { .. }
         | AuthorityCommand::NodeUp { .. }
         | AuthorityCommand::ExpireLeases { .. }
@@ -825,5 +981,16 @@ fn summary(cmd: &AuthorityCommand) -> CommandSummary {
             CommandSummary::LeaderTakeover { now_ms: *now_ms }
         }
         AuthorityCommand::PutPolicy { key, .. } => CommandSummary::PutPolicy { key: key.clone() },
+        AuthorityCommand::BindNodeKey { key, .. } => {
+            let mut id = [0u8; 8];
+            id.copy_from_slice(&key[..8]);
+            CommandSummary::BindNodeKey { key: KeyId(id) }
+        }
+        AuthorityCommand::RevokeNode { node, .. } => {
+            CommandSummary::RevokeNode { node: node.clone() }
+        }
+        AuthorityCommand::ReadmitNode { node, .. } => {
+            CommandSummary::ReadmitNode { node: node.clone() }
+        }
     }
 }

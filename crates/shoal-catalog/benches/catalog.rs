@@ -20,7 +20,7 @@ use shoal_catalog::snapshot;
 use shoal_catalog::testkit::Fixture;
 use shoal_catalog::{Catalog, Snapshot, SnapshotScope, Verifier};
 use shoal_proto::envelope::{self, MessageKind, MAX_STREAM_MESSAGE_BYTES};
-use shoal_proto::{SignatureError, SignedHealth, SignedLifecycle};
+use shoal_proto::{SignatureError, SignedHealth, SignedLifecycle, VerifyingKey};
 
 /// Accepts every record. Only for measuring the merge without signature checks; never use
 /// outside benchmarks.
@@ -30,7 +30,7 @@ impl Verifier for NoopVerifier {
     fn verify_lifecycle(&self, _: &SignedLifecycle) -> Result<(), SignatureError> {
         Ok(())
     }
-    fn verify_health(&self, _: &SignedHealth) -> Result<(), SignatureError> {
+    fn verify_health(&self, _: &SignedHealth, _: &VerifyingKey) -> Result<(), SignatureError> {
         Ok(())
     }
 }

@@ -29,8 +29,8 @@ use imbl::OrdMap;
 use crdts::LWWReg;
 use serde::{Deserialize, Serialize};
 use shoal_proto::{
-    Generation, HealthSeq, InstanceId, LifecycleState, NodeId, Region, Revision, ServiceKey,
-    SignatureError, SignedHealth, SignedLifecycle,
+    Generation, HealthSeq, InstanceId, KeyId, LifecycleState, NodeId, Region, Revision, ServiceKey,
+    SignatureError, SignedHealth, SignedLifecycle, TransitionReason, VerifyingKey,
 };
 
 use crate::heads::{ChainHead, Gap, Observed};
@@ -45,9 +45,19 @@ pub type HealthMarker = (Generation, Generation, HealthSeq);
 /// regions 100,000). Past it new keys are refused and counted; known keys still update.
 pub const DEFAULT_MAX_ENTRIES: usize = 250_000;
 
-/// Most health records held while waiting for their lifecycle record; past it they are
-/// ignored (counted as unadmitted) and anti-entropy brings them again later.
+/// Most health records held while waiting for their lifecycle record (or for a lifecycle
+/// record that binds their signer's key); past it they are ignored (counted as unadmitted or
+/// unverified) and anti-entropy brings them again later.
 pub const MAX_EARLY_HEALTH: usize = 16_384;
+
+/// Most keys remembered per node (the newest by binding revision). A node gets a new key
+/// only when its data directory is replaced, so one or two is the normal case.
+pub const MAX_KEYS_PER_NODE: usize = 4;
+
+/// Most nodes whose keys one catalog remembers (a region has ~1,667 nodes). Past it keys of
+/// further nodes are not learnt (counted in `MergeCounters::pending_overflow`), so their
+/// health stays unverified.
+pub const MAX_NODES_WITH_KEYS: usize = 65_536;
 
 /// What merging one record did. Only `Applied` changed state.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +79,10 @@ pub enum MergeOutcome {
     NotOwner,
     /// The catalog is at its entry cap and the key is new; ignored.
     Full,
+    /// A health record whose signer is not (yet) a key any verified lifecycle record bound to
+    /// its owner node: held unverified, never counted in heads and never applied unless a
+    /// lifecycle record binding that key arrives (ADR 0006).
+    Unverified,
 }
 
 impl MergeOutcome {
@@ -83,6 +97,7 @@ impl MergeOutcome {
             Self::Unadmitted => "unadmitted",
             Self::NotOwner => "not_owner",
             Self::Full => "full",
+            Self::Unverified => "unverified",
         }
     }
 }
@@ -106,6 +121,8 @@ pub struct MergeCounters {
     pub not_owner: u64,
     /// New keys refused at the entry cap.
     pub full: u64,
+    /// Health records whose signer no verified lifecycle record bound (held unverified).
+    pub unverified: u64,
     /// Tombstones garbage-collected.
     pub collected: u64,
     /// Sequence numbers not remembered because a pending set was full.
@@ -123,6 +140,7 @@ impl MergeCounters {
             MergeOutcome::Unadmitted => &mut self.unadmitted,
             MergeOutcome::NotOwner => &mut self.not_owner,
             MergeOutcome::Full => &mut self.full,
+            MergeOutcome::Unverified => &mut self.unverified,
         };
         *slot += 1;
     }
@@ -300,13 +318,103 @@ pub struct Catalog {
     services: OrdMap<ServiceKey, ServiceEntries>,
     regions: OrdMap<Region, RegionState>,
     owners: OrdMap<NodeId, OwnerState>,
-    /// Verified health records that arrived before their lifecycle record (highest marker per
-    /// key kept), so the outcome does not depend on delivery order. Bounded.
-    early_health: OrdMap<(ServiceKey, InstanceId), Arc<SignedHealth>>,
+    /// Health records that cannot be judged yet: their lifecycle record (generation) has not
+    /// arrived, or no lifecycle record binding their signer's key has (yet). Every record is
+    /// kept under its own marker, so an unverified one never displaces a genuine one; only
+    /// verified ones ever reach the registers or the heads. Bounded by [`MAX_EARLY_HEALTH`].
+    early_health: OrdMap<(ServiceKey, InstanceId), OrdMap<(HealthMarker, NodeId), Held>>,
+    /// How many records `early_health` holds in all.
+    early_count: usize,
+    /// Node keys learnt from verified lifecycle records (ADR 0006): a grow-only record of
+    /// bindings and revocations, so health verification does not depend on delivery order.
+    node_keys: OrdMap<NodeId, NodeKeys>,
     entries: usize,
     max_entries: usize,
     index: u64,
     counters: MergeCounters,
+}
+
+/// A health record waiting in the early hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Held {
+    record: Arc<SignedHealth>,
+    /// Its signature verified against a key bound to its owner node.
+    verified: bool,
+}
+
+/// What a catalog learnt about one node's keys from verified lifecycle records.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct NodeKeys {
+    /// Keys bound to the node, each with the lowest revision of a record that bound it (when
+    /// it became the node's key); at most [`MAX_KEYS_PER_NODE`], the newest.
+    keys: Vec<(VerifyingKey, Revision)>,
+    /// Highest revision of a record that revoked the node (0: never). Every key first bound
+    /// below it is revoked for good: a readmitted node must present a new key (the authority
+    /// refuses a revoked one).
+    revoked_at: Revision,
+}
+
+/// How a health record's signer relates to its owner node's bound keys.
+enum KeyStatus<'a> {
+    /// No verified lifecycle record bound this key to the node (yet).
+    Unknown,
+    /// Bound once, but the node was revoked after its last binding.
+    Revoked,
+    /// Bound: the key and the lowest revision that bound it.
+    Bound(&'a VerifyingKey, Revision),
+}
+
+impl NodeKeys {
+    fn status(&self, signer: KeyId) -> KeyStatus<'_> {
+        match self.keys.iter().find(|(k, _)| k.id() == signer) {
+            None => KeyStatus::Unknown,
+            Some((_, first)) if *first < self.revoked_at => KeyStatus::Revoked,
+            Some((k, first)) => KeyStatus::Bound(k, *first),
+        }
+    }
+
+    /// Remembers that `key` was bound at `revision`; true when the key is new here.
+    fn bind(&mut self, key: &[u8; 32], revision: Revision) -> bool {
+        if let Some((_, first)) = self.keys.iter_mut().find(|(k, _)| k.to_bytes() == *key) {
+            *first = (*first).min(revision);
+            return false;
+        }
+        let Ok(key) = VerifyingKey::from_bytes(*key) else {
+            // Not a curve point: nothing can verify against it.
+            return false;
+        };
+        self.keys.push((key, revision));
+        if self.keys.len() > MAX_KEYS_PER_NODE {
+            let oldest = self
+                .keys
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, (k, first))| (*first, k.to_bytes()))
+                .map(|(i, _)| i)
+                .expect("not empty");
+            self.keys.swap_remove(oldest);
+        }
+        // Canonical order, so equal knowledge compares equal whatever the arrival order.
+        self.keys.sort_by_key(|(k, _)| k.to_bytes());
+        true
+    }
+
+    /// Remembers a revocation at `revision`; true when it revokes something new.
+    fn revoke(&mut self, revision: Revision) -> bool {
+        if revision <= self.revoked_at {
+            return false;
+        }
+        self.revoked_at = revision;
+        true
+    }
+}
+
+/// The key id of the owner key a lifecycle record binds, if any.
+fn bound_key_id(rec: &shoal_proto::LifecycleRecord) -> Option<KeyId> {
+    let k = rec.owner_key?;
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&k[..8]);
+    Some(KeyId(id))
 }
 
 /// Walks two maps with sorted keys side by side and collects `(key, x)` for every key of
@@ -340,8 +448,9 @@ impl Default for Catalog {
 }
 
 impl PartialEq for Catalog {
-    /// Two catalogs are equal when they hold the same records and heads (indices and counters
-    /// are local bookkeeping and do not count).
+    /// Two catalogs are equal when they hold the same records and heads (indices, counters
+    /// and the node keys learnt are local bookkeeping and do not count: a catalog filled by a
+    /// delta never saw the superseded records another one learnt a key from first).
     fn eq(&self, other: &Self) -> bool {
         self.services.len() == other.services.len()
             && self
@@ -368,6 +477,8 @@ impl Catalog {
             regions: OrdMap::new(),
             owners: OrdMap::new(),
             early_health: OrdMap::new(),
+            early_count: 0,
+            node_keys: OrdMap::new(),
             entries: 0,
             max_entries,
             index: 0,
@@ -576,12 +687,59 @@ impl Catalog {
         if region.head.observe(0, rec.revision.0) == Observed::Overflow {
             self.counters.pending_overflow += 1;
         }
+        // Every verified record teaches the owner's key, stale ones too: health signed by a
+        // key an older record bound must be judged the same whatever the arrival order.
+        let learnt = matches!(
+            outcome,
+            MergeOutcome::Applied | MergeOutcome::Stale | MergeOutcome::Duplicate
+        ) && self.learn_keys(&signed);
+        let owner = learnt.then(|| signed.record.owner.clone());
         if outcome == MergeOutcome::Applied {
             let (key, instance) = (signed.record.key.clone(), signed.record.instance.clone());
             self.store_lifecycle(signed);
             self.admit_early(&key, &instance, verifier);
         }
+        if let Some(owner) = owner {
+            self.recheck_owner(&owner, verifier);
+        }
         outcome
+    }
+
+    /// Learns the owner key (or revocation) a verified lifecycle record carries; true when
+    /// something new was learnt (held health of that node must then be judged again).
+    fn learn_keys(&mut self, signed: &SignedLifecycle) -> bool {
+        let rec = &signed.record;
+        let revoked = rec.reason == TransitionReason::NodeRevoked;
+        // Most records repeat what is known: decide that without copying anything.
+        let news = match self.node_keys.get(&rec.owner) {
+            None => revoked || rec.owner_key.is_some(),
+            Some(known) => {
+                (revoked && rec.revision > known.revoked_at)
+                    || rec.owner_key.is_some_and(|b| {
+                        known
+                            .keys
+                            .iter()
+                            .find(|(k, _)| k.to_bytes() == b)
+                            .is_none_or(|(_, first)| rec.revision < *first)
+                    })
+            }
+        };
+        if !news {
+            return false;
+        }
+        if self.node_keys.len() >= MAX_NODES_WITH_KEYS && !self.node_keys.contains_key(&rec.owner) {
+            self.counters.pending_overflow += 1;
+            return false;
+        }
+        let mut keys = self.node_keys.get(&rec.owner).cloned().unwrap_or_default();
+        if revoked {
+            keys.revoke(rec.revision);
+        }
+        if let Some(k) = &rec.owner_key {
+            keys.bind(k, rec.revision);
+        }
+        self.node_keys.insert(rec.owner.clone(), keys);
+        true
     }
 
     fn store_lifecycle(&mut self, signed: Arc<SignedLifecycle>) {
@@ -619,8 +777,11 @@ impl Catalog {
                 } else if let Some(r) = self.regions.get_mut(&old.region) {
                     r.by_revision.remove(&old.revision);
                 }
-                let drop_health = entry.health.as_ref().is_some_and(|h| h.marker.0 < marker.0)
-                    || rec.state == LifecycleState::Expired;
+                // Health stays only while it is of this generation and signed by the key this
+                // record binds: a re-issue for a replaced key drops health of the old key.
+                let drop_health = entry.health.as_ref().is_some_and(|h| {
+                    h.marker.0 < marker.0 || Some(h.val.signer) != bound_key_id(rec)
+                }) || rec.state == LifecycleState::Expired;
                 if drop_health {
                     if let Some(h) = entry.health.take() {
                         let hr = &h.val.record;
@@ -647,20 +808,34 @@ impl Catalog {
     }
 
     fn merge_health(&mut self, signed: Arc<SignedHealth>, verifier: &dyn Verifier) -> MergeOutcome {
-        if let Err(e) = verifier.verify_health(&signed) {
-            return MergeOutcome::BadSignature(e);
-        }
         let rec = &signed.record;
+        // Which key may have signed it: one a verified lifecycle record bound to its owner.
+        let checked = match self
+            .node_keys
+            .get(&rec.owner)
+            .map_or(KeyStatus::Unknown, |k| k.status(signed.signer))
+        {
+            KeyStatus::Unknown => Ok(None),
+            KeyStatus::Revoked => Err(SignatureError::Revoked(signed.signer)),
+            KeyStatus::Bound(key, first) => {
+                verifier.verify_health(&signed, key).map(|()| Some(first))
+            }
+        };
+        let first_bound = match checked {
+            Err(e) => return MergeOutcome::BadSignature(e),
+            Ok(None) => return self.hold_early(signed, false),
+            Ok(Some(first)) => first,
+        };
         let Some(entry) = self
             .services
             .get(&rec.key)
             .and_then(|s| s.instances.get(&rec.instance))
         else {
-            return self.hold_early(signed);
+            return self.hold_early(signed, true);
         };
         let life = &entry.lifecycle.val.record;
         if life.generation < rec.generation {
-            return self.hold_early(signed);
+            return self.hold_early(signed, true);
         }
         if life.generation > rec.generation || life.state == LifecycleState::Expired {
             self.observe_owner(rec.owner.clone(), rec.owner_boot, rec.seq);
@@ -668,6 +843,16 @@ impl Catalog {
         }
         if life.owner != rec.owner {
             return MergeOutcome::NotOwner;
+        }
+        if bound_key_id(life) != Some(signed.signer) {
+            // Signed by another key of the owner. One bound after this record was signed may
+            // be re-bound to the instance by a re-issue on its way: wait for it. An older one
+            // was replaced: its health is superseded (ADR 0006).
+            if first_bound > life.revision {
+                return self.hold_early(signed, true);
+            }
+            self.observe_owner(rec.owner.clone(), rec.owner_boot, rec.seq);
+            return MergeOutcome::Stale;
         }
         let marker = rec.order();
         let outcome = match &entry.health {
@@ -684,44 +869,91 @@ impl Catalog {
         outcome
     }
 
-    /// Keeps a verified health record whose lifecycle record has not arrived yet.
-    fn hold_early(&mut self, signed: Arc<SignedHealth>) -> MergeOutcome {
+    /// Keeps a health record that cannot be judged yet: its lifecycle record (generation) has
+    /// not arrived (`verified`), or its signer is no key bound to its owner yet (not
+    /// `verified`). Each record is held under its own marker and owner, so a forged record
+    /// never displaces a genuine one; a held record counts nowhere until it is judged.
+    fn hold_early(&mut self, signed: Arc<SignedHealth>, verified: bool) -> MergeOutcome {
+        let outcome = if verified {
+            MergeOutcome::Unadmitted
+        } else {
+            MergeOutcome::Unverified
+        };
         let slot = (signed.record.key.clone(), signed.record.instance.clone());
-        // A record superseded by another held one is accounted for in its owner's chain.
-        match self.early_health.get(&slot) {
-            Some(held) if held.record.order() >= signed.record.order() => {
-                let r = &signed.record;
-                self.observe_owner(r.owner.clone(), r.owner_boot, r.seq);
+        let at = (signed.record.order(), signed.record.owner.clone());
+        let full = self.early_count >= MAX_EARLY_HEALTH;
+        let held = self.early_health.get(&slot).and_then(|m| m.get(&at));
+        match held {
+            // A genuine record replaces a forged one held under its marker.
+            Some(h) if !h.verified && verified && *h.record != *signed => {}
+            Some(h) if h.verified && verified && *h.record != *signed => {
+                return MergeOutcome::Conflict
             }
-            Some(_) => {
-                let old = self.early_health.insert(slot, signed).expect("present");
-                let r = &old.record;
-                self.observe_owner(r.owner.clone(), r.owner_boot, r.seq);
-            }
-            None if self.early_health.len() < MAX_EARLY_HEALTH => {
-                self.early_health.insert(slot, signed);
-            }
-            None => {}
+            Some(_) => return outcome,
+            None if full => return outcome,
+            None => self.early_count += 1,
         }
-        MergeOutcome::Unadmitted
+        self.early_health.entry(slot).or_default().insert(
+            at,
+            Held {
+                record: signed,
+                verified,
+            },
+        );
+        outcome
     }
 
-    /// After a lifecycle record is stored, merges the early health record held for it, if any.
+    /// After a lifecycle record of this slot is stored, judges the health records held for
+    /// it again.
     fn admit_early(&mut self, key: &ServiceKey, instance: &InstanceId, verifier: &dyn Verifier) {
-        if self.early_health.is_empty() {
+        if self.early_count == 0 {
             return;
         }
         let slot = (key.clone(), instance.clone());
-        let Some(held) = self.early_health.get(&slot) else {
+        let Some(held) = self.early_health.remove(&slot) else {
             return;
         };
-        let life_gen = self.services[key].instances[instance].lifecycle.marker.0;
-        if held.record.generation > life_gen {
+        self.early_count -= held.len();
+        for (_, h) in held {
+            self.rejudge(h.record, verifier);
+        }
+    }
+
+    /// After something new was learnt about `owner`'s keys, judges every record held for the
+    /// node again (unverified ones may verify now, verified ones may be revoked).
+    fn recheck_owner(&mut self, owner: &NodeId, verifier: &dyn Verifier) {
+        if self.early_count == 0 {
             return;
         }
-        let held = self.early_health.remove(&slot).expect("just seen");
-        let outcome = self.merge_health(held, verifier);
-        if outcome != MergeOutcome::Applied {
+        let mut again = Vec::new();
+        let slots: Vec<(ServiceKey, InstanceId)> = self
+            .early_health
+            .iter()
+            .filter(|(_, m)| m.keys().any(|(_, n)| n == owner))
+            .map(|(s, _)| s.clone())
+            .collect();
+        for slot in slots {
+            let m = self.early_health.get_mut(&slot).expect("listed");
+            let ats: Vec<_> = m.keys().filter(|(_, n)| n == owner).cloned().collect();
+            for at in ats {
+                again.push(m.remove(&at).expect("listed").record);
+                self.early_count -= 1;
+            }
+            if m.is_empty() {
+                self.early_health.remove(&slot);
+            }
+        }
+        for record in again {
+            self.rejudge(record, verifier);
+        }
+    }
+
+    fn rejudge(&mut self, record: Arc<SignedHealth>, verifier: &dyn Verifier) {
+        let outcome = self.merge_health(record, verifier);
+        if !matches!(
+            outcome,
+            MergeOutcome::Applied | MergeOutcome::Unadmitted | MergeOutcome::Unverified
+        ) {
             self.counters.count(&outcome);
         }
     }
@@ -771,6 +1003,24 @@ impl Catalog {
     /// admission), then adopts `other`'s heads where they extend ours without a hole.
     pub fn merge_catalog(&mut self, other: &Catalog, verifier: &dyn Verifier) -> DeltaOutcome {
         let mut out = DeltaOutcome::default();
+        // Keys `other` learnt from records it no longer holds (superseded ones) count here
+        // too, or a merge would judge health differently from applying every record.
+        let mut learnt = Vec::new();
+        for (node, theirs) in &other.node_keys {
+            let mut ours = self.node_keys.get(node).cloned().unwrap_or_default();
+            let before = ours.clone();
+            ours.revoke(theirs.revoked_at);
+            for (k, first) in &theirs.keys {
+                ours.bind(&k.to_bytes(), *first);
+            }
+            if ours != before {
+                self.node_keys.insert(node.clone(), ours);
+                learnt.push(node.clone());
+            }
+        }
+        for node in &learnt {
+            self.recheck_owner(node, verifier);
+        }
         for (_, _, e) in other.entries() {
             tally(
                 &mut out,
@@ -782,8 +1032,8 @@ impl Catalog {
                 tally(&mut out, &self.apply_health(h.val.clone(), verifier));
             }
         }
-        for early in other.early_health.values() {
-            tally(&mut out, &self.apply_health(early.clone(), verifier));
+        for early in other.early_health.values().flat_map(|m| m.values()) {
+            tally(&mut out, &self.apply_health(early.record.clone(), verifier));
         }
         if out.rejected == 0 {
             for (region, theirs) in &other.regions {
@@ -889,28 +1139,13 @@ impl Catalog {
         if our_boot >= boot {
             let start = (our_boot, from.next());
             let end = (our_boot.next(), HealthSeq(0));
-            let mut candidates: Vec<(HealthSeq, &Arc<SignedHealth>)> = state
+            let candidates: Vec<(HealthSeq, &Arc<SignedHealth>)> = state
                 .by_seq
                 .range(start..end)
                 .map(|((_, seq), rec)| (*seq, rec))
                 .collect();
-            // Records held early count in the owner's chain (so heads do not depend on
-            // delivery order), so they must travel with any delta that claims them: without
-            // them a delta claimed completeness over a sequence number it did not carry, and
-            // the receiver never asked again (found by the simulator).
-            if !self.early_health.is_empty() {
-                candidates.extend(
-                    self.early_health
-                        .values()
-                        .map(|r| (r.record.seq, r))
-                        .filter(|(seq, r)| {
-                            r.record.owner == *owner
-                                && r.record.owner_boot == our_boot
-                                && *seq > from
-                        }),
-                );
-                candidates.sort_by_key(|(seq, _)| *seq);
-            }
+            // Records held early are counted in no head, so no delta claims them and none
+            // needs to carry them: peers get them from the chains that hold them.
             for (seq, rec) in candidates {
                 if records.len() == max_records {
                     truncated_at = Some(HealthSeq(seq.0 - 1));
@@ -1002,7 +1237,7 @@ impl Catalog {
         for rec in &delta.records {
             let o = self.apply_health(rec.clone(), verifier);
             observe(rec, &o);
-            unadmitted |= o == MergeOutcome::Unadmitted;
+            unadmitted |= matches!(o, MergeOutcome::Unadmitted | MergeOutcome::Unverified);
             tally(&mut out, &o);
         }
         if out.rejected == 0 && !unadmitted {
@@ -1076,6 +1311,11 @@ impl Catalog {
         for (n, shared) in &owners {
             self.owners.get_mut(n).expect("listed").by_seq = shared.clone();
         }
+        let keys_shared =
+            !self.node_keys.ptr_eq(&other.node_keys) && self.node_keys == other.node_keys;
+        if keys_shared {
+            self.node_keys = other.node_keys.clone();
+        }
         let regions: Vec<Region> = self
             .regions
             .iter()
@@ -1090,7 +1330,7 @@ impl Catalog {
             let shared = other.regions[r].by_revision.clone();
             self.regions.get_mut(r).expect("listed").by_revision = shared;
         }
-        services.len() + owners.len() + regions.len()
+        services.len() + owners.len() + regions.len() + usize::from(keys_shared)
     }
 
     // ---- snapshots -----------------------------------------------------------------------
@@ -1208,9 +1448,10 @@ pub enum GapOrigin {
 fn tally(out: &mut DeltaOutcome, o: &MergeOutcome) {
     match o {
         MergeOutcome::Applied => out.applied += 1,
-        MergeOutcome::Stale | MergeOutcome::Duplicate | MergeOutcome::Unadmitted => {
-            out.ignored += 1
-        }
+        MergeOutcome::Stale
+        | MergeOutcome::Duplicate
+        | MergeOutcome::Unadmitted
+        | MergeOutcome::Unverified => out.ignored += 1,
         MergeOutcome::Conflict
         | MergeOutcome::BadSignature(_)
         | MergeOutcome::NotOwner

@@ -48,6 +48,15 @@ pub const LEGAL_TRANSITIONS: &[(Option<LifecycleState>, LifecycleState, Transiti
         (Some(Draining), Ready, DrainCancelled),
         (Some(Draining), Expired, Deregistered),
         (Some(Draining), Expired, LeaseExpired),
+        // The owner node presented a new key: the authority re-issues the record unchanged
+        // but for the key (ADR 0006). Authority only.
+        (Some(Starting), Starting, NodeKeyChanged),
+        (Some(Ready), Ready, NodeKeyChanged),
+        (Some(Draining), Draining, NodeKeyChanged),
+        // An operator revoked the owner node. Authority only.
+        (Some(Starting), Expired, NodeRevoked),
+        (Some(Ready), Expired, NodeRevoked),
+        (Some(Draining), Expired, NodeRevoked),
     ]
 };
 

@@ -19,10 +19,14 @@
 //! home region's head), and finally every record's signature. Only when all pass is a [`Snapshot`]
 //! returned: a partial snapshot is never produced (ARCHITECTURE invariant 7).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use shoal_proto::{Region, Revision, ServiceKey, SignatureError, SignedHealth, SignedLifecycle};
+use shoal_proto::{
+    InstanceId, NodeKey, Region, Revision, ServiceKey, SignatureError, SignedHealth,
+    SignedLifecycle, VerifyingKey,
+};
 
 use crate::catalog::{Catalog, OwnerHead, RegionHead};
 use crate::verify::Verifier;
@@ -300,6 +304,12 @@ fn verify_all(snap: &Snapshot, verifier: &dyn Verifier) -> Result<(), SnapshotEr
             .verify_lifecycle(rec)
             .map_err(|error| SnapshotError::BadSignature { index, error })?;
     }
+    // Health verifies against the key its own lifecycle record binds (ADR 0006).
+    let bound: BTreeMap<(&ServiceKey, &InstanceId), Option<NodeKey>> = snap
+        .lifecycle
+        .iter()
+        .map(|r| ((&r.record.key, &r.record.instance), r.record.owner_key))
+        .collect();
     let base = snap.lifecycle.len();
     for (i, rec) in snap.health.iter().enumerate() {
         if let Some(key) = scope_mismatch(&snap.scope, &rec.record.key) {
@@ -308,8 +318,13 @@ fn verify_all(snap: &Snapshot, verifier: &dyn Verifier) -> Result<(), SnapshotEr
                 base + i
             )));
         }
-        verifier
-            .verify_health(rec)
+        let key = bound
+            .get(&(&rec.record.key, &rec.record.instance))
+            .copied()
+            .flatten()
+            .and_then(|k| VerifyingKey::from_bytes(k).ok())
+            .ok_or(SignatureError::UnknownKey(rec.signer));
+        key.and_then(|k| verifier.verify_health(rec, &k))
             .map_err(|error| SnapshotError::BadSignature {
                 index: base + i,
                 error,

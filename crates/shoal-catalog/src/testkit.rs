@@ -5,8 +5,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 
 use shoal_proto::{
     EndpointSpec, Generation, HealthRecord, HealthSeq, HealthStatus, InstanceId, LabelDimension,
-    Labels, LifecycleRecord, LifecycleState, NodeId, Region, Revision, ServiceKey, SignedHealth,
-    SignedLifecycle, SigningKey, TransitionReason, TransitionSource, Version, Zone,
+    Labels, LifecycleRecord, LifecycleState, NodeId, NodeKey, Region, Revision, ServiceKey,
+    SignedHealth, SignedLifecycle, SigningKey, TransitionReason, TransitionSource, Version, Zone,
 };
 
 use crate::verify::Keyring;
@@ -20,7 +20,7 @@ pub struct Fixture {
     pub authority: SigningKey,
     /// Node keys, `node-i` at index `i`.
     pub nodes: Vec<(NodeId, SigningKey)>,
-    /// A keyring trusting all of the above.
+    /// A keyring trusting the authority key (node keys come with the lifecycle records).
     pub keyring: Keyring,
     /// The service key records are built for: `prod/api/http`.
     pub key: ServiceKey,
@@ -43,7 +43,6 @@ impl Fixture {
             .map(|i| {
                 let id = NodeId::new(format!("node-{i}")).expect("valid");
                 let key = SigningKey::from_seed([100 + i; 32]);
-                keyring.trust_node(id.clone(), key.verifying_key());
                 (id, key)
             })
             .collect();
@@ -85,7 +84,7 @@ impl Fixture {
         self.lifecycle_for(&self.key, instance, 0, generation, revision, state)
     }
 
-    /// A signed lifecycle record with every knob.
+    /// A signed lifecycle record with every knob; it binds `node-owner`'s fixture key.
     pub fn lifecycle_for(
         &self,
         key: &ServiceKey,
@@ -101,6 +100,26 @@ impl Fixture {
             LifecycleState::Draining => TransitionReason::DrainRequested,
             LifecycleState::Expired => TransitionReason::Deregistered,
         };
+        let owner_key = Some(self.nodes[owner].1.verifying_key().to_bytes());
+        self.lifecycle_bound(
+            key, instance, owner, generation, revision, state, reason, owner_key,
+        )
+    }
+
+    /// A signed lifecycle record binding `owner_key` (any key, or none) for `node-owner`,
+    /// with an explicit reason: for key replacement and revocation tests.
+    #[allow(clippy::too_many_arguments)]
+    pub fn lifecycle_bound(
+        &self,
+        key: &ServiceKey,
+        instance: &str,
+        owner: usize,
+        generation: u64,
+        revision: u64,
+        state: LifecycleState,
+        reason: TransitionReason,
+        owner_key: Option<NodeKey>,
+    ) -> SignedLifecycle {
         self.authority.sign_lifecycle(LifecycleRecord {
             key: key.clone(),
             instance: InstanceId::new(instance).expect("valid"),
@@ -108,6 +127,7 @@ impl Fixture {
             region: self.region.clone(),
             revision: Revision(revision),
             owner: self.nodes[owner].0.clone(),
+            owner_key,
             endpoint: Self::spec(generation as u32 * 7 + instance.len() as u32),
             state,
             reason,
@@ -115,6 +135,23 @@ impl Fixture {
             lease_ms: 300_000,
             committed_at_ms: 1_700_000_000_000 + revision,
         })
+    }
+
+    /// A health record for `prod/api/http` of `node-owner` signed with `signer` (any key).
+    #[allow(clippy::too_many_arguments)]
+    pub fn health_signed_by(
+        &self,
+        signer: &SigningKey,
+        instance: &str,
+        owner: usize,
+        generation: u64,
+        boot: u64,
+        seq: u64,
+        status: HealthStatus,
+    ) -> SignedHealth {
+        let mut h = self.health(instance, owner, generation, boot, seq, status);
+        h = signer.sign_health(h.record);
+        h
     }
 
     /// A health record for `prod/api/http` signed by `node-owner`.

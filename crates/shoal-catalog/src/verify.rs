@@ -1,10 +1,13 @@
-//! Who may sign what: the trusted authority keys per region and the node keys per node.
+//! Who may sign what: the trusted authority keys per region. Node keys are not configured:
+//! each lifecycle record carries the owner node's key as the authority bound it
+//! (`LifecycleRecord::owner_key`), and the catalog verifies health records against that
+//! (`docs/adr/0006-node-keys-in-lifecycle-records.md`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use shoal_proto::{
-    NodeId, Region, SignatureError, SignedHealth, SignedLifecycle, TrustedKeys, VerifyingKey,
+    Region, SignatureError, SignedHealth, SignedLifecycle, TrustedKeys, VerifyingKey,
 };
 
 /// Verifies signed records before they are merged (ARCHITECTURE invariant 4).
@@ -18,11 +21,19 @@ pub trait Verifier {
     /// [`SignatureError`]: unknown key, a key of another region, or a bad signature.
     fn verify_lifecycle(&self, signed: &SignedLifecycle) -> Result<(), SignatureError>;
 
-    /// Verifies a health record against the key of its owner node.
+    /// Verifies a health record against `key`, the owner node's key as an authority-signed
+    /// lifecycle record bound it (the catalog picks the key; the verifier only checks the
+    /// signature). The default checks it with ed25519; a simulator may remember results.
     ///
     /// # Errors
-    /// [`SignatureError`]: unknown node key, a key of another node, or a bad signature.
-    fn verify_health(&self, signed: &SignedHealth) -> Result<(), SignatureError>;
+    /// [`SignatureError`]: the record names another key, or the signature does not verify.
+    fn verify_health(
+        &self,
+        signed: &SignedHealth,
+        key: &VerifyingKey,
+    ) -> Result<(), SignatureError> {
+        key.verify_health(signed)
+    }
 
     /// Returns a shared copy of a just-decoded record. The default returns it unchanged; a
     /// simulator running thousands of agents in one process returns one shared `Arc` per
@@ -80,11 +91,10 @@ pub trait Verifier {
     }
 }
 
-/// Trusted keys: authority keys per region (two during a rotation overlap) and node keys.
+/// Trusted keys: authority keys per region (two during a rotation overlap).
 #[derive(Clone, Debug, Default)]
 pub struct Keyring {
     authorities: BTreeMap<Region, TrustedKeys>,
-    nodes: BTreeMap<NodeId, TrustedKeys>,
 }
 
 impl Keyring {
@@ -97,16 +107,6 @@ impl Keyring {
     pub fn trust_authority(&mut self, region: Region, key: VerifyingKey) {
         self.authorities.entry(region).or_default().insert(key);
     }
-
-    /// Trusts `key` to sign health records of instances owned by `node`.
-    pub fn trust_node(&mut self, node: NodeId, key: VerifyingKey) {
-        self.nodes.entry(node).or_default().insert(key);
-    }
-
-    /// True when `node` has at least one trusted key.
-    pub fn knows_node(&self, node: &NodeId) -> bool {
-        self.nodes.contains_key(node)
-    }
 }
 
 impl Verifier for Keyring {
@@ -117,14 +117,5 @@ impl Verifier for Keyring {
             .and_then(|keys| keys.get(signed.signer))
             .ok_or(SignatureError::UnknownKey(signed.signer))?;
         key.verify_lifecycle(signed)
-    }
-
-    fn verify_health(&self, signed: &SignedHealth) -> Result<(), SignatureError> {
-        let key = self
-            .nodes
-            .get(&signed.record.owner)
-            .and_then(|keys| keys.get(signed.signer))
-            .ok_or(SignatureError::UnknownKey(signed.signer))?;
-        key.verify_health(signed)
     }
 }

@@ -316,24 +316,32 @@ fn health_same_marker_different_status_is_a_conflict() {
 fn health_from_a_node_that_does_not_own_the_instance_is_refused() {
     let fx = Fixture::new();
     let mut c = Catalog::new();
-    seed(&mut c, &fx, &[life(&fx, "a", 1, 1, Ready)]); // owned by node-0
+    // "a" is owned by node-0; "z" by node-3 (so node-3's key is bound and known here).
+    seed(
+        &mut c,
+        &fx,
+        &[
+            life(&fx, "a", 1, 1, Ready),
+            Arc::new(fx.lifecycle_for(&fx.key, "z", 3, 2, 2, Ready)),
+        ],
+    );
 
-    // node-3 signs (validly, with its own key) health for an instance it does not own.
+    // node-3 signs (validly, with its own bound key) health for an instance it does not own.
     let out = c.apply_health(health(&fx, "a", 3, 1, 1, 1, Failing), &fx.keyring);
     assert_eq!(out, MergeOutcome::NotOwner);
     assert_eq!(c.counters().not_owner, 1);
     assert!(c.entry(&fx.key, &inst("a")).unwrap().health().is_none());
 
-    // node-3 claiming to be node-0: its key is not node-0's key.
+    // node-3 claiming to be node-0: its key is not one bound to node-0, so it never verifies;
+    // it is held unverified, counted, and changes nothing.
     let mut forged = fx.health("a", 0, 1, 1, 1, Failing).record;
     forged.owner = fx.nodes[0].0.clone();
     let forged = fx.nodes[3].1.sign_health(forged);
     let out = c.apply_health(Arc::new(forged), &fx.keyring);
-    assert_eq!(
-        out,
-        MergeOutcome::BadSignature(SignatureError::UnknownKey(fx.nodes[3].1.id()))
-    );
-    assert_eq!(routable_ids(&c, &fx, &AllAlive), ["a"]);
+    assert_eq!(out, MergeOutcome::Unverified);
+    assert_eq!(c.counters().unverified, 1);
+    assert!(c.heads().owners.iter().all(|h| h.owner != fx.nodes[0].0));
+    assert_eq!(routable_ids(&c, &fx, &AllAlive), ["a", "z"]);
 }
 
 #[test]
@@ -355,10 +363,15 @@ fn health_before_its_lifecycle_is_held_then_applied_when_the_lifecycle_arrives()
     let fx = Fixture::new();
     let mut c = Catalog::new();
 
+    // No lifecycle record has bound node-0's key yet: held unverified.
     let out = c.apply_health(health(&fx, "a", 0, 1, 1, 1, Failing), &fx.keyring);
-    assert_eq!(out, MergeOutcome::Unadmitted);
+    assert_eq!(out, MergeOutcome::Unverified);
     assert!(c.is_empty(), "nothing admitted yet");
-    assert_eq!(c.counters().unadmitted, 1);
+    assert_eq!(c.counters().unverified, 1);
+    assert!(
+        c.heads().owners.is_empty(),
+        "an unverified record counts nowhere"
+    );
 
     let out = c.apply_lifecycle(life(&fx, "a", 1, 1, Ready), &fx.keyring);
     assert_eq!(out, MergeOutcome::Applied);
@@ -1006,6 +1019,8 @@ fn check_transition_accepts_exactly_the_table() {
         ReadinessFailed,
         ReadinessRecovered,
         LivenessFailed,
+        NodeKeyChanged,
+        NodeRevoked,
     ];
     // Written out independently of LEGAL_TRANSITIONS.
     let legal: Vec<(Option<LifecycleState>, LifecycleState, TransitionReason)> = vec![
@@ -1020,6 +1035,12 @@ fn check_transition_accepts_exactly_the_table() {
         (Some(Draining), Ready, DrainCancelled),
         (Some(Draining), Expired, Deregistered),
         (Some(Draining), Expired, LeaseExpired),
+        (Some(Starting), Starting, NodeKeyChanged),
+        (Some(Ready), Ready, NodeKeyChanged),
+        (Some(Draining), Draining, NodeKeyChanged),
+        (Some(Starting), Expired, NodeRevoked),
+        (Some(Ready), Expired, NodeRevoked),
+        (Some(Draining), Expired, NodeRevoked),
     ];
 
     let mut accepted = 0;
@@ -1114,8 +1135,8 @@ fn share_equal_maps_swaps_only_equal_maps_and_changes_nothing_visible() {
     seed(&mut y, &fx, &[a1, a2]);
     let before = x.clone();
     assert!(!x.shares_entries_with(&y));
-    // Equal instance map and revision index: both swapped; contents unchanged.
-    assert_eq!(x.share_equal_maps(&y), 2);
+    // Equal instance map, revision index and node keys: all swapped; contents unchanged.
+    assert_eq!(x.share_equal_maps(&y), 3);
     assert_eq!(x, before);
     assert_eq!(x.share_equal_maps(&y), 0, "already shared");
     // y moves on: nothing of x may change.
@@ -1156,20 +1177,22 @@ fn share_equal_maps_matches_services_present_in_both_catalogs_only() {
     );
     seed(&mut y, &fx, &[rec("s4", 4, Ready), rec("s5", 7, Draining)]);
     let before = x.clone();
-    assert_eq!(x.share_equal_maps(&y), 2);
+    // s1, s3 and the node keys (both learnt node-0's key at revision 1).
+    assert_eq!(x.share_equal_maps(&y), 3);
     assert_eq!(x, before);
     assert_eq!(x.share_equal_maps(&y), 0, "already shared");
 }
 
 #[test]
-fn health_delta_carries_records_held_early_that_its_head_claims() {
-    // The simulator's case: a health record arrives before its lifecycle record, then again;
-    // the second copy made the owner's head cover its seq. A delta claiming that seq must
-    // carry the record, or the receiver accounts for it without ever holding it.
+fn health_held_early_is_claimed_by_no_head_and_applied_once_its_lifecycle_arrives() {
+    // A health record arrives (twice) before its lifecycle record, from a node whose key
+    // another record already bound: held as verified, counted in no head (so no delta
+    // claims its seq), and applied, and counted, once its lifecycle record arrives.
     let fx = Fixture::new();
     let node0 = fx.nodes[0].0.clone();
     let early = health(&fx, "a", 0, 1, 1, 1, Passing);
     let mut tx = Catalog::new();
+    seed(&mut tx, &fx, &[life(&fx, "b", 2, 2, Ready)]);
     for _ in 0..2 {
         assert_eq!(
             tx.apply_health(early.clone(), &fx.keyring),
@@ -1177,13 +1200,11 @@ fn health_delta_carries_records_held_early_that_its_head_claims() {
         );
     }
     let d = tx.health_delta(&node0, Generation(1), HealthSeq(0), 100);
-    assert!(d.complete_to >= HealthSeq(1), "the head claims seq 1");
-    assert_eq!(d.records, vec![early]);
+    assert_eq!(d.complete_to, HealthSeq(0), "the head claims nothing held");
+    assert!(d.records.is_empty());
 
-    // A receiver that already holds the lifecycle record ends up with the health record.
-    let mut rx = Catalog::new();
-    seed(&mut rx, &fx, &[life(&fx, "a", 1, 1, Ready)]);
-    let out = rx.apply_health_delta(&d, &fx.keyring);
-    assert_eq!((out.applied, out.rejected), (1, 0));
-    assert!(rx.entry(&fx.key, &inst("a")).unwrap().health().is_some());
+    tx.apply_lifecycle(life(&fx, "a", 1, 1, Ready), &fx.keyring);
+    assert!(tx.entry(&fx.key, &inst("a")).unwrap().health().is_some());
+    let d = tx.health_delta(&node0, Generation(1), HealthSeq(0), 100);
+    assert_eq!((d.complete_to, d.records), (HealthSeq(1), vec![early]));
 }

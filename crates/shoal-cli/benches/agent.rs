@@ -41,6 +41,8 @@ fn build_snapshot(region: &Region) -> Vec<u8> {
             region: region.clone(),
             revision: Revision(i as u64 + 1),
             owner: NodeId::new(format!("node-{}", i % 1_667)).unwrap(),
+            // A real key's bytes (size is what matters here); bound per node by the authority.
+            owner_key: Some(key.verifying_key().to_bytes()),
             endpoint: EndpointSpec {
                 address: format!("10.{}.{}.{}:8080", (i >> 16) & 255, (i >> 8) & 255, i & 255)
                     .parse()

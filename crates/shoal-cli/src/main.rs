@@ -12,7 +12,9 @@ use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use serde_json::{json, Value};
 use shoal_catalog::Verifier;
-use shoal_proto::{NodeId, Region, ServiceKey, SignatureError, SignedHealth, SignedLifecycle};
+use shoal_proto::{
+    NodeId, Region, ServiceKey, SignatureError, SignedHealth, SignedLifecycle, VerifyingKey,
+};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -563,7 +565,7 @@ impl Verifier for NoVerify {
     fn verify_lifecycle(&self, _: &SignedLifecycle) -> Result<(), SignatureError> {
         Ok(())
     }
-    fn verify_health(&self, _: &SignedHealth) -> Result<(), SignatureError> {
+    fn verify_health(&self, _: &SignedHealth, _: &VerifyingKey) -> Result<(), SignatureError> {
         Ok(())
     }
 }

@@ -432,6 +432,18 @@ fn authorities_and_agents_drain_verify_outage_and_converge() {
         .find(|l| l.record.instance.as_str() == "web-1")
         .unwrap();
     r.region_key.verifying_key().verify_lifecycle(rec).unwrap();
+    // ADR 0006: the Raft authority bound node-a's key (sent over node-a's mTLS connection)
+    // into the record, so every agent verifies node-a's health with no configured node key.
+    let (_, me) = r.agents[0].get("/v1/agent/self").unwrap();
+    assert_eq!(me["node_key_bound"], true, "{me}");
+    let bound: String = rec
+        .record
+        .owner_key
+        .expect("the record binds its owner's key")
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(Some(bound.as_str()), me["node_key"].as_str());
     let mut other = Keyring::new();
     other.trust_authority(
         "dev".parse().unwrap(),

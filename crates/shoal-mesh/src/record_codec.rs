@@ -148,7 +148,11 @@ mod tests {
         fn verify_lifecycle(&self, _: &SignedLifecycle) -> Result<(), SignatureError> {
             Ok(())
         }
-        fn verify_health(&self, _: &SignedHealth) -> Result<(), SignatureError> {
+        fn verify_health(
+            &self,
+            _: &SignedHealth,
+            _: &shoal_proto::VerifyingKey,
+        ) -> Result<(), SignatureError> {
             Ok(())
         }
         fn caches_encodings(&self) -> bool {

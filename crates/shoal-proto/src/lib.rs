@@ -32,7 +32,7 @@ pub use ids::{
 pub use policy::{FailoverMode, PolicyError, PolicyRecord, ServicePolicy};
 pub use record::{
     EndpointSpec, HealthRecord, HealthStatus, LabelDimension, Labels, LifecycleRecord,
-    LifecycleState, TransitionReason, TransitionSource,
+    LifecycleState, NodeKey, TransitionReason, TransitionSource,
 };
 pub use sign::{
     KeyId, SignatureBytes, SignatureError, SignedHealth, SignedLifecycle, SignedPolicy, SigningKey,

@@ -272,6 +272,13 @@ pub enum TransitionReason {
     ReadinessRecovered,
     /// Health: the liveness probe failed (reported; restarts are the orchestrator's business).
     LivenessFailed,
+    /// The owner node presented a new node key (its data directory was replaced): the
+    /// authority re-issued the record, same state, bound to the new key
+    /// (`docs/adr/0006-node-keys-in-lifecycle-records.md`).
+    NodeKeyChanged,
+    /// An operator revoked the owner node's key: -> EXPIRED, and nothing signed by the node
+    /// verifies any more.
+    NodeRevoked,
 }
 
 /// The authority-signed half of an endpoint: identity, address, lifecycle state.
@@ -292,6 +299,11 @@ pub struct LifecycleRecord {
     pub revision: Revision,
     /// Node whose agent owns the instance (and alone may sign its health).
     pub owner: NodeId,
+    /// The owner node's ed25519 public key as the authority knows it when signing: health
+    /// records of this instance verify only against it. `None` when the node has not
+    /// presented a key yet (or was revoked); its health then verifies nowhere.
+    /// See `docs/adr/0006-node-keys-in-lifecycle-records.md`.
+    pub owner_key: Option<NodeKey>,
     /// Address and routing metadata.
     pub endpoint: EndpointSpec,
     /// Lifecycle state after this transition.
@@ -307,6 +319,9 @@ pub struct LifecycleRecord {
     /// propagation), never used for ordering.
     pub committed_at_ms: u64,
 }
+
+/// The 32 bytes of an owner node's ed25519 public key, as bound into lifecycle records.
+pub type NodeKey = [u8; 32];
 
 /// Health status signed by the owner agent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

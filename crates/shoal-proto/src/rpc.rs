@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ids::{Generation, InstanceId, NodeId, Revision, ServiceKey};
 use crate::policy::ServicePolicy;
-use crate::record::{EndpointSpec, LifecycleState, TransitionReason};
+use crate::record::{EndpointSpec, LifecycleState, NodeKey, TransitionReason};
 use crate::sign::{SignedLifecycle, SignedPolicy};
 
 /// One request from an agent (or an operator tool) to the authority.
@@ -122,6 +122,27 @@ pub enum AuthorityRequestBody {
     },
     /// Leader, term, revision, members.
     Status,
+    /// Binds the calling node's health-signing public key (the node is the one named by the
+    /// caller's certificate; nobody can bind a key for another node). Agents send it at start
+    /// and before their first registration. When the key differs from the one the authority
+    /// holds, every live instance of the node is re-issued bound to the new key, and those
+    /// records are the answer (`Committed`). See `docs/adr/0006-node-keys-in-lifecycle-records.md`.
+    BindNodeKey {
+        /// The node's ed25519 public key.
+        key: NodeKey,
+    },
+    /// Revokes a node's key (operators only): the authority stores "no key" for the node,
+    /// refuses further bindings from it and expires every live instance it owns with reason
+    /// `NodeRevoked`, so nothing signed by the node verifies anywhere.
+    RevokeNode {
+        /// The node to revoke.
+        node: NodeId,
+    },
+    /// Lifts a revocation (operators only): the node may bind a key again.
+    ReadmitNode {
+        /// The node to readmit.
+        node: NodeId,
+    },
 }
 
 /// The authority's answer.

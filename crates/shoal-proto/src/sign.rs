@@ -105,6 +105,10 @@ pub enum SignatureError {
     /// The signature does not verify.
     #[error("signature does not verify")]
     Invalid,
+    /// The key was bound to its node once, but the region authority has revoked the node
+    /// since: nothing it signed is accepted.
+    #[error("key {0:?} belongs to a revoked node")]
+    Revoked(KeyId),
 }
 
 /// An ed25519 signing key with its [`KeyId`]. Used by authorities (lifecycle) and agents

@@ -36,6 +36,7 @@ fn lifecycle(instance: &str, revision: u64) -> LifecycleRecord {
         region: Region::new("eu-west").unwrap(),
         revision: Revision(revision),
         owner: NodeId::new("node-17.eu-west").unwrap(),
+        owner_key: Some([0x5a; 32]),
         endpoint: EndpointSpec {
             address: "10.1.2.3:8443".parse::<SocketAddr>().unwrap(),
             zone: Zone::new("eu-west-a").unwrap(),
@@ -460,4 +461,21 @@ fn a_signature_error_is_never_a_panic_for_garbage_keys() {
         }
     }
     assert!(refused > 0);
+}
+
+#[test]
+fn the_bound_owner_key_costs_33_bytes_per_lifecycle_record() {
+    // ADR 0006: `owner_key` is an `Option<[u8; 32]>`: 1 byte when absent, 33 when bound.
+    let w = world();
+    let bound = postcard::to_allocvec(&w.life).unwrap();
+    let mut unbound = w.life.clone();
+    unbound.record.owner_key = None;
+    let unbound = postcard::to_allocvec(&unbound).unwrap();
+    println!(
+        "signed lifecycle with four labels: {} bytes bound, {} unbound",
+        bound.len(),
+        unbound.len()
+    );
+    assert_eq!(bound.len(), unbound.len() + 32);
+    assert!(bound.len() <= 256, "still inside the 256-byte budget");
 }

@@ -25,6 +25,7 @@ mod common {
             region: Region::new("eu-west").unwrap(),
             revision: Revision(41),
             owner: NodeId::new("node-17").unwrap(),
+            owner_key: Some([0x5a; 32]),
             endpoint: EndpointSpec {
                 address: "10.1.2.3:8443".parse::<SocketAddr>().unwrap(),
                 zone: Zone::new("eu-west-a").unwrap(),

@@ -39,8 +39,8 @@ use shoal_mesh::membership::MemberId;
 use shoal_mesh::{Command, MembershipEvent, Mesh, MeshConfig, MeshEvent, MeshTimer};
 use shoal_proto::{
     EndpointSpec, Generation, HealthStatus, InstanceId, LabelDimension, Labels, LifecycleState,
-    NodeId, Region, Revision, ServiceKey, SignatureBytes, SignatureError, SignedHealth,
-    SignedLifecycle, SigningKey, TransitionReason, Version, Zone,
+    NodeId, NodeKey, Region, Revision, ServiceKey, SignatureBytes, SignatureError, SignedHealth,
+    SignedLifecycle, SigningKey, TransitionReason, VerifyingKey, Version, Zone,
 };
 
 use crate::node::{Channel, NodeCtx, SimNode, Transmit};
@@ -140,7 +140,9 @@ pub struct Expectations {
 pub struct SimKeys {
     keyring: Keyring,
     lifecycle: RefCell<HashMap<SignatureBytes, Arc<SignedLifecycle>>>,
-    health: RefCell<HashMap<SignatureBytes, Arc<SignedHealth>>>,
+    /// Verified health records with the owner key they verified against (the catalog picks
+    /// the key from the lifecycle record, so a hit must match it too).
+    health: RefCell<HashMap<SignatureBytes, (Arc<SignedHealth>, NodeKey)>>,
     lifecycle_encodings: RefCell<Encodings<SignedLifecycle>>,
     health_encodings: RefCell<Encodings<SignedHealth>>,
     lifecycle_bytes: RefCell<Serialized<SignedLifecycle>>,
@@ -212,18 +214,22 @@ impl Verifier for SharedKeys {
         Ok(())
     }
 
-    fn verify_health(&self, signed: &SignedHealth) -> Result<(), SignatureError> {
-        if let Some(c) = self.0.health.borrow().get(&signed.signature) {
+    fn verify_health(
+        &self,
+        signed: &SignedHealth,
+        key: &VerifyingKey,
+    ) -> Result<(), SignatureError> {
+        if let Some((c, k)) = self.0.health.borrow().get(&signed.signature) {
             // The shared copy itself (most records are) needs no comparison.
-            if std::ptr::eq(&**c, signed) || **c == *signed {
+            if (std::ptr::eq(&**c, signed) || **c == *signed) && *k == key.to_bytes() {
                 return Ok(());
             }
         }
-        self.0.keyring.verify_health(signed)?;
+        key.verify_health(signed)?;
         self.0
             .health
             .borrow_mut()
-            .insert(signed.signature, Arc::new(signed.clone()));
+            .insert(signed.signature, (Arc::new(signed.clone()), key.to_bytes()));
         Ok(())
     }
 
@@ -236,7 +242,7 @@ impl Verifier for SharedKeys {
 
     fn intern_health(&self, record: Arc<SignedHealth>) -> Arc<SignedHealth> {
         match self.0.health.borrow().get(&record.signature) {
-            Some(c) if Arc::ptr_eq(c, &record) || **c == *record => Arc::clone(c),
+            Some((c, _)) if Arc::ptr_eq(c, &record) || **c == *record => Arc::clone(c),
             _ => record,
         }
     }
@@ -670,9 +676,8 @@ impl ShoalHarness {
             .map(|i| {
                 let mut seed = [0x5Au8; 32];
                 seed[..8].copy_from_slice(&i.to_le_bytes());
-                let key = SigningKey::from_seed(seed);
-                keyring.trust_node(node_id(i as u32), key.verifying_key());
-                key
+                // Not trusted anywhere: the authority binds each into its node's records.
+                SigningKey::from_seed(seed)
             })
             .collect();
         let mesh_config = (0..region_names.len() as u16)
@@ -830,6 +835,10 @@ impl ShoalHarness {
     ) -> Option<SignedLifecycle> {
         let inst = &self.instances[idx];
         let caller = Caller::Node(node_id(inst.owner));
+        if to == LifecycleState::Starting {
+            self.bind_node_key(inst.region as usize, inst.owner, now_ms);
+        }
+        let inst = &self.instances[idx];
         let cmd = if to == LifecycleState::Starting {
             AuthorityCommand::Register {
                 caller,
@@ -868,6 +877,32 @@ impl ShoalHarness {
                 self.authority_refusals += 1;
                 None
             }
+        }
+    }
+
+    /// As an agent does before its first registration: binds its node key at its region's
+    /// authority (ADR 0006), so every record of its instances carries the key its health
+    /// verifies against. A key already bound emits nothing and costs no log entry (the real
+    /// replicated authority answers that from its state without proposing).
+    fn bind_node_key(&mut self, region: usize, owner: u32, now_ms: u64) {
+        let key = self.node_keys[owner as usize].verifying_key().to_bytes();
+        let a = &mut self.authorities[region];
+        let node = node_id(owner);
+        if a.state.node_key(&node) == Some(key) {
+            return;
+        }
+        a.log_index += 1;
+        let ctx = ApplyContext {
+            log_index: a.log_index,
+            committed_at_ms: now_ms,
+            signing_key: &a.key,
+        };
+        let cmd = AuthorityCommand::BindNodeKey {
+            caller: Caller::Node(node),
+            key,
+        };
+        if !matches!(a.state.apply(cmd, ctx), Ok(r) if r.is_empty()) {
+            self.authority_refusals += 1;
         }
     }
 
@@ -1877,10 +1912,12 @@ impl Harness for ShoalHarness {
         c.insert("authority_refusals".into(), self.authority_refusals);
         c.insert("instances".into(), self.instances.len() as u64);
         let mut totals = BTreeMap::<&str, u64>::new();
+        let mut unverified = 0;
         for (_, n) in world.nodes() {
             let Some(n) = n else { continue };
             let m = n.mesh();
             let cc = m.catalog().counters();
+            unverified += cc.unverified;
             for (k, v) in [
                 ("records_applied", cc.applied),
                 ("records_stale", cc.stale),
@@ -1921,6 +1958,11 @@ impl Harness for ShoalHarness {
         }
         for (k, v) in totals {
             c.insert(k.into(), v);
+        }
+        if unverified > 0 {
+            // Health no verified lifecycle record bound a key for (ADR 0006); every simulated
+            // agent binds its key before registering, so only when non-zero.
+            c.insert("records_unverified".into(), unverified);
         }
         for (i, (from, to, at)) in obs.false_down_samples.iter().enumerate() {
             c.insert(format!("false_down_{i:02}_n{from}_saw_n{to}_at_ms"), *at);

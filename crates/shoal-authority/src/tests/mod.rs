@@ -3,6 +3,7 @@
 
 mod audit_test;
 mod lease_test;
+mod node_key_test;
 mod policy_test;
 mod prop_test;
 mod register_test;
@@ -104,6 +105,7 @@ impl Harness {
             region: self.fx.region.clone(),
             revision: Revision(0),
             owner: node_id(node),
+            owner_key: None,
             endpoint: Fixture::spec(7),
             state: LifecycleState::Starting,
             reason: TransitionReason::Registered,

@@ -31,6 +31,7 @@ pub fn region_records(fx: &Fixture, n: usize) -> Vec<Arc<SignedLifecycle>> {
                 region: fx.region.clone(),
                 revision: Revision(i as u64 + 1),
                 owner: NodeId::new(format!("node-{:04}", i % NODES_PER_REGION)).expect("valid"),
+                owner_key: Some(fx.nodes[i % fx.nodes.len()].1.verifying_key().to_bytes()),
                 endpoint: Fixture::spec(i as u32),
                 state: LifecycleState::Ready,
                 reason: TransitionReason::ReadinessPassed,

@@ -86,12 +86,12 @@ pub fn identity(i: usize) -> MemberId {
 }
 
 /// The fixture's region, authority and `prod/api/http` key, with node keys for `node-0` up to
-/// `node-{MAX_NODES - 1}` (the fixture's own scheme: seed `100 + i`).
+/// `node-{MAX_NODES - 1}` (the fixture's own scheme: seed `100 + i`). No node key is trusted
+/// by configuration: the fixture's lifecycle records bind each owner's key.
 pub fn fixture() -> Fixture {
     let mut f = Fixture::new();
     for i in f.nodes.len()..MAX_NODES {
         let key = SigningKey::from_seed([100 + i as u8; 32]);
-        f.keyring.trust_node(node_id(i), key.verifying_key());
         f.nodes.push((node_id(i), key));
     }
     f
