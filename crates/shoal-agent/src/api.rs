@@ -804,6 +804,56 @@ fn check_owner(
     }
 }
 
+/// Refuses to register `addr` for `who` while a live (not EXPIRED) instance of this node at the
+/// same address is owned by another uid, unless `who` may change that instance (orchestrator or
+/// admin of its service). Without this, a caller allowed to register anything could take over
+/// another application's traffic by registering a fresh instance id at that application's
+/// address. Instances of other nodes are not checked here: the agent cannot tell a moved
+/// address from a stolen one (a region-wide check belongs to the authority; a known gap).
+fn check_address(
+    shared: &Shared,
+    who: &LocalCaller,
+    key: &ServiceKey,
+    instance: &InstanceId,
+    addr: std::net::SocketAddr,
+) -> Result<(), ApiError> {
+    let holder = {
+        let mesh = shared.mesh.read().expect("mesh lock");
+        let found = mesh
+            .catalog()
+            .entries()
+            .filter(|(k, i, _)| !(*k == key && *i == instance))
+            .filter(|(_, _, e)| {
+                let r = &e.lifecycle().record;
+                r.owner == shared.cfg.node_id
+                    && r.state != LifecycleState::Expired
+                    && r.endpoint.address == addr
+            })
+            .find_map(|(k, i, _)| {
+                let o = shared.owners.get(k, i.as_str())?;
+                (o.uid != who.uid
+                    && !shared.cfg.access.allows(who, Action::ChangeOthers, k))
+                .then(|| (k.clone(), i.clone(), o.uid))
+            });
+        found
+    };
+    match holder {
+        None => Ok(()),
+        Some((k, i, uid)) => Err(forbidden(
+            shared,
+            who,
+            "register",
+            Denied {
+                code: "address_in_use",
+                reason: format!(
+                    "address {addr} is registered by instance `{i}` of {k}, owned by uid {uid}; uid {} may not register it (needs orchestrator/admin)",
+                    who.uid
+                ),
+            },
+        )),
+    }
+}
+
 /// Refuses probes the caller may not register: exec probes while disabled or for another uid
 /// on a non-root agent, HTTP/TCP probes aimed anywhere but the instance's own address.
 fn check_probes(
@@ -893,6 +943,9 @@ pub async fn register_instance(
     check_probes(shared, who, b)?;
     let endpoint = endpoint_spec(shared, b)?;
     let addr = endpoint.address;
+    if let Some(who) = who {
+        check_address(shared, who, &key, &instance, addr)?;
+    }
     // Our records must carry our key, or our health verifies nowhere else. If binding fails
     // now, the registration is still tried; the background binder re-issues it later.
     if let Err(e) = ensure_node_key_bound(shared).await {

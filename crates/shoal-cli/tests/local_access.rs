@@ -132,6 +132,13 @@ fn user_a_cannot_touch_user_b_instances() {
         Some(exec_probe),
         "exec_probes_disabled",
     );
+    expect_403(
+        "registers a fresh instance id at B's address (traffic hijack)",
+        "POST",
+        &format!("{SVC}/register"),
+        Some(&reg("10.0.0.9:8080", "a-evil")),
+        "address_in_use",
+    );
     // A probe aimed at another host is refused too (400: bad input, not a permission).
     let (code, v) = curl_as(
         a,
