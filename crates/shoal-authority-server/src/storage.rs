@@ -102,7 +102,8 @@ impl LogStore {
     /// [`FileError::Corrupt`] for a damaged vote, purge mark or log record, or a log with a
     /// hole; [`FileError::Io`] when the directory cannot be read or written.
     pub fn open(dir: &Path) -> Result<Self, FileError> {
-        fs::create_dir_all(dir).map_err(|e| FileError::io(dir, e))?;
+        shoal_transport::keyfile::ensure_private_dir(dir)
+            .map_err(|e| FileError::io(dir, e.into()))?;
         let vote_path = dir.join(VOTE_FILE);
         let vote = files::read_framed(&vote_path)?
             .map(|b| decode_vote(&vote_path, &b))
@@ -479,7 +480,8 @@ impl StateMachineStore {
         signing_key: SigningKey,
         applied_tx: Option<mpsc::Sender<Applied>>,
     ) -> Result<Self, FileError> {
-        fs::create_dir_all(dir).map_err(|e| FileError::io(dir, e))?;
+        shoal_transport::keyfile::ensure_private_dir(dir)
+            .map_err(|e| FileError::io(dir, e.into()))?;
         let (snapshot, state) = match StoredSnapshot::read(&dir.join(SNAPSHOT_FILE))? {
             Some((snap, state)) => (Some(snap), state),
             None => (None, AuthorityState::new(region.clone())),
@@ -744,7 +746,8 @@ pub fn restore_snapshot(data_dir: &Path, file: &Path) -> Result<SnapshotMeta, Fi
         path: file.to_path_buf(),
         source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such snapshot file"),
     })?;
-    fs::create_dir_all(data_dir).map_err(|e| FileError::io(data_dir, e))?;
+    shoal_transport::keyfile::ensure_private_dir(data_dir)
+        .map_err(|e| FileError::io(data_dir, e.into()))?;
     snap.write(&data_dir.join(SNAPSHOT_FILE))?;
     if let Some(last) = snap.meta.last_log_id {
         files::write_atomic(&data_dir.join(PURGED_FILE), &enc(&last))?;

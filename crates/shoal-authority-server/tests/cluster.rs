@@ -1,6 +1,7 @@
 //! Cross-process tests: three real `shoal-authority` processes on 127.0.0.x loopback addresses
 //! with certificates generated in a temp dir. No fixed sleeps: every wait polls with a deadline.
 
+use shoal_transport::keyfile::Overwrite;
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -50,7 +51,7 @@ fn write_pair(dir: &Path, name: &str, p: &CertPair) -> (PathBuf, PathBuf) {
     let c = dir.join(format!("{name}.pem"));
     let k = dir.join(format!("{name}.key"));
     std::fs::write(&c, &p.cert_pem).unwrap();
-    std::fs::write(&k, &p.key_pem).unwrap();
+    shoal_transport::keyfile::write_private(&k, p.key_pem.as_bytes(), Overwrite::Refuse).unwrap();
     (c, k)
 }
 
@@ -62,7 +63,12 @@ impl Cluster {
         let ca = generate_ca(&region, Validity::from_now(Duration::from_secs(3600))).unwrap();
         std::fs::write(root.join("ca.pem"), &ca.cert_pem).unwrap();
         let key = SigningKey::from_seed([9; 32]);
-        std::fs::write(root.join("region.key"), to_hex(&[9; 32])).unwrap();
+        shoal_transport::keyfile::write_private(
+            &root.join("region.key"),
+            to_hex(&[9; 32]).as_bytes(),
+            Overwrite::Refuse,
+        )
+        .unwrap();
         let base = 20 + (std::process::id() % 200) as u8;
         let addrs: Vec<(String, u16, u16)> = (0..n)
             .map(|i| {

@@ -69,7 +69,7 @@ pub enum CertError {
         source: std::io::Error,
     },
     /// Refused to overwrite an existing file.
-    #[error("{}: already exists, refusing to overwrite", path.display())]
+    #[error("{}: already exists, refusing to overwrite (pass --force to replace it)", path.display())]
     AlreadyExists {
         /// The existing file.
         path: PathBuf,

@@ -476,3 +476,67 @@ impl ClientCertVerifier for Dynamic {
             .supported_schemes()
     }
 }
+
+/// What [`spawn_reloader`] reports.
+#[derive(Debug)]
+pub enum TlsEvent<'a> {
+    /// The material in use, at start and then periodically (for an expiry gauge).
+    Current(&'a CertInfo),
+    /// A reload swapped new material in.
+    Reloaded(&'a CertInfo),
+    /// A reload was refused; the material in use is unchanged.
+    Refused(&'a CertError),
+}
+
+/// Spawns the task that reloads `tls` from `paths` on every SIGHUP, logging the outcome
+/// (`info` on success, `error` on refusal) and handing it to `report` (metrics). `report` also
+/// gets [`TlsEvent::Current`] once at start and every `tick`.
+///
+/// # Errors
+/// The SIGHUP handler cannot be installed.
+///
+/// # Panics
+/// If called outside a tokio runtime.
+pub fn spawn_reloader(
+    tls: TlsState,
+    paths: TlsPaths,
+    tick: Duration,
+    report: impl Fn(TlsEvent<'_>) + Send + 'static,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = signal(SignalKind::hangup())?;
+    Ok(tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(tick);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                r = hup.recv() => {
+                    if r.is_none() {
+                        return;
+                    }
+                    match tls.reload_files(&paths) {
+                        Ok(info) => {
+                            tracing::info!(
+                                identity = %info.identity,
+                                serial = %info.serial,
+                                expires_in_s = info.seconds_to_expiry(SystemTime::now()) as i64,
+                                cert = %paths.cert.display(),
+                                "SIGHUP: TLS certificate, key and CA bundle reloaded; new connections use them"
+                            );
+                            report(TlsEvent::Reloaded(&info));
+                        }
+                        Err(e) => {
+                            tracing::error!(
+                                error = %e,
+                                serial = %tls.info().serial,
+                                "SIGHUP: TLS reload refused; keeping the material in use"
+                            );
+                            report(TlsEvent::Refused(&e));
+                        }
+                    }
+                }
+                _ = ticks.tick() => report(TlsEvent::Current(&tls.info())),
+            }
+        }
+    }))
+}
