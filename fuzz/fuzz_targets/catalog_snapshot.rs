@@ -9,9 +9,9 @@ mod common;
 
 fuzz_target!(|data: &[u8]| {
     let keys = common::keyring();
-    if let Ok(s) = snapshot::decode(data, &keys) {
+    if let Ok(s) = snapshot::decode(data, keys) {
         let again = snapshot::encode(&s);
-        let back = snapshot::decode(&again, &keys).expect("a re-encoded snapshot decodes");
+        let back = snapshot::decode(&again, keys).expect("a re-encoded snapshot decodes");
         assert_eq!(back, s);
     }
 });

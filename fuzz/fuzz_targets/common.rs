@@ -1,4 +1,5 @@
-//! Fixed keys and a fresh mesh core shared by the targets.
+//! Fixed keys (those of `shoal_catalog::testkit::Fixture`, so seeds built with it verify) and a
+//! fresh mesh core shared by the targets.
 
 #![allow(dead_code)]
 
@@ -6,29 +7,27 @@ use shoal_catalog::Keyring;
 use shoal_mesh::{MemberId, Mesh, MeshConfig};
 use shoal_proto::{Generation, NodeId, Region, SigningKey, Zone};
 
-/// Seed of the region authority key the fuzzed verifiers trust.
+
+/// Seed of the region authority key the fuzzed verifiers trust (the fixture's).
 pub const AUTHORITY_SEED: [u8; 32] = [7; 32];
-/// Seed of the node key the fuzzed verifiers trust (node `n1`).
-pub const NODE_SEED: [u8; 32] = [9; 32];
+/// Seed of the node key the fuzzed verifiers trust (the fixture's `node-0`).
+pub const NODE_SEED: [u8; 32] = [100; 32];
 
 pub fn region() -> Region {
-    Region::new("fuzz").unwrap()
+    Region::new("test").unwrap()
 }
 
-pub fn keyring() -> Keyring {
-    let mut k = Keyring::new();
-    k.trust_authority(region(), SigningKey::from_seed(AUTHORITY_SEED).verifying_key());
-    k.trust_node(
-        NodeId::new("n1").unwrap(),
-        SigningKey::from_seed(NODE_SEED).verifying_key(),
-    );
-    k
+/// The fixture's keyring, built once per process (building it derives nine ed25519 keys,
+/// which would dominate a cheap decode).
+pub fn keyring() -> &'static Keyring {
+    static KEYS: std::sync::OnceLock<Keyring> = std::sync::OnceLock::new();
+    KEYS.get_or_init(|| shoal_catalog::testkit::Fixture::new().keyring)
 }
 
 /// A fresh agent core (node `n0` at 127.0.0.1:7000) trusting [`keyring`].
 pub fn mesh() -> Mesh<Keyring> {
     let identity = MemberId {
-        node: NodeId::new("n0").unwrap(),
+        node: NodeId::new("node-7").unwrap(),
         addr: "127.0.0.1:7000".parse().unwrap(),
         boot: Generation(1),
     };
@@ -38,7 +37,7 @@ pub fn mesh() -> Mesh<Keyring> {
         Zone::new("z").unwrap(),
         SigningKey::from_seed([3; 32]),
         MeshConfig::for_cluster_size(8),
-        keyring(),
+        keyring().clone(),
         42,
     );
     m.start(0);
