@@ -10,6 +10,9 @@
 //!    authority status ping, the local API on the unix socket (peer credentials, `[access]`
 //!    policy, caps and timeouts), `/metrics`, and registration of the instances declared in
 //!    the config file;
+//! 7. on SIGHUP: the TLS certificate, key and CA bundle are read again and, if they pass every
+//!    check, used for new connections (`shoal_transport::tls`); a bad file is refused and
+//!    counted (`shoal_tls_reloads_total{result="error"}`), the old material stays;
 //! 7. on SIGTERM / SIGINT: graceful leave, final snapshot, socket removed.
 
 use std::net::SocketAddr;
@@ -24,7 +27,7 @@ use shoal_proto::rpc::AuthorityRequestBody;
 use shoal_proto::{
     Generation, HealthStatus, InstanceId, LifecycleState, ServiceKey, TransitionReason,
 };
-use shoal_transport::certs;
+use shoal_transport::tls::{self, TlsPaths, TlsState};
 use shoal_transport::transport::{Transport, TransportConfig};
 use tokio::sync::{mpsc, watch};
 
@@ -67,14 +70,13 @@ pub async fn run_until(
     let node_key = keys::load_or_create_node_key(&raw.data_dir).context("node key")?;
     let boot = keys::bump_boot(&raw.data_dir).context("boot counter")?;
 
-    let read = |p: &std::path::Path| certs::read_pem_file(p).map_err(anyhow::Error::from);
-    let mut tc = TransportConfig::new(
-        raw.listen,
-        cfg.region.clone(),
-        read(&raw.tls.ca)?,
-        read(&raw.tls.cert)?,
-        read(&raw.tls.key)?,
-    );
+    let tls_paths = TlsPaths {
+        ca: raw.tls.ca.clone(),
+        cert: raw.tls.cert.clone(),
+        key: raw.tls.key.clone(),
+    };
+    let tls = TlsState::from_files(&cfg.region, &tls_paths).context("TLS material")?;
+    let mut tc = TransportConfig::with_tls(raw.listen, tls.clone());
     tc.advertise = raw.advertise;
     tc.max_stream_message_bytes = cfg.mesh.max_stream_message_bytes;
     let (transport, inbound) = Transport::bind(tc).context("transport")?;
@@ -193,6 +195,13 @@ pub async fn run_until(
         tokio::spawn(status_loop(shared.clone())),
         tokio::spawn(bind_node_key(shared.clone())),
         tokio::spawn(register_configured(shared.clone())),
+        tls::spawn_reloader(
+            tls,
+            tls_paths,
+            Duration::from_secs(10),
+            crate::metrics::tls_event,
+        )
+        .context("SIGHUP handler")?,
     ];
     let socket = shared.cfg.raw.socket.clone();
     let listener = bind_socket(

@@ -1,12 +1,17 @@
 //! The data directory: the node signing key (generated once, mode 0600), the boot generation
 //! counter (bumped on every start), and the atomic file write every persisted file uses.
+//!
+//! The directory is created mode 0700 when missing; an existing one is never chmod'ed, only
+//! warned about when group or others can reach it. The node key is created mode 0600 by the
+//! `open` call (`O_EXCL`), and refused at load when group or others may read or write it, as
+//! OpenSSH refuses an unprotected private key (see `shoal_transport::keyfile`).
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::fs;
+use std::io;
 use std::path::Path;
 
 use shoal_proto::{Generation, SigningKey};
+use shoal_transport::keyfile::{self, Overwrite};
 
 /// File name of the node signing key seed (32 raw bytes, hex-encoded, mode 0600).
 pub const NODE_KEY_FILE: &str = "node.key";
@@ -41,71 +46,61 @@ pub fn from_hex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-/// Writes `bytes` to `path` atomically: temp file, fsync, rename, fsync of the directory.
-/// A reader sees the old or the new content, never a mix.
+/// Writes `bytes` to `path` atomically: temp file (created with `mode`), fsync, rename, fsync
+/// of the directory. A reader sees the old or the new content, never a mix.
 ///
 /// # Errors
-/// Any IO error; the old file is then untouched (a temp file may be left behind).
+/// Any IO error; the old file is then untouched.
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
-    let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
-    {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    fs::rename(&tmp, path)?;
-    File::open(dir)?.sync_all()
+    keyfile::replace_atomic(path, bytes, mode)
 }
 
-/// Creates the data directory (mode 0700) if needed.
+/// Creates the data directory (mode 0700, parents too) if needed; an existing directory that
+/// group or others can reach is warned about, not changed.
 ///
 /// # Errors
 /// IO errors.
 pub fn ensure_dir(dir: &Path) -> io::Result<()> {
-    fs::create_dir_all(dir)?;
-    let mut perm = fs::metadata(dir)?.permissions();
-    if perm.mode() & 0o077 != 0 {
-        perm.set_mode(0o700);
-        fs::set_permissions(dir, perm)?;
-    }
-    Ok(())
+    keyfile::ensure_private_dir(dir).map_err(io::Error::from)
+}
+
+/// Parses the content of a node key file: 64 hex characters (surrounding whitespace ignored).
+pub fn parse_node_key(text: &[u8]) -> Option<[u8; 32]> {
+    let text = std::str::from_utf8(text).ok()?;
+    from_hex(text.trim())?.try_into().ok()
+}
+
+/// Parses the content of the boot counter file: a decimal number (surrounding whitespace
+/// ignored).
+pub fn parse_boot(text: &[u8]) -> Option<u64> {
+    std::str::from_utf8(text).ok()?.trim().parse().ok()
 }
 
 /// Loads the node signing key, generating and persisting a new one on first start.
 ///
 /// # Errors
-/// IO errors, or a key file that is not 64 hex characters (never silently replaced: other nodes
-/// may trust the old public key).
+/// IO errors, a key file readable or writable by group or others (refused, like OpenSSH), or a
+/// key file that is not 64 hex characters (never silently replaced: other nodes may trust the
+/// old public key).
 pub fn load_or_create_node_key(dir: &Path) -> io::Result<SigningKey> {
     let path = dir.join(NODE_KEY_FILE);
-    match fs::read_to_string(&path) {
+    match keyfile::read_private(&path) {
         Ok(text) => {
-            let seed: [u8; 32] = from_hex(text.trim())
-                .and_then(|b| b.try_into().ok())
-                .ok_or_else(|| {
-                    io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!("{} is not a 32-byte hex seed", path.display()),
-                    )
-                })?;
+            let seed = parse_node_key(&text).ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{} is not a 32-byte hex seed", path.display()),
+                )
+            })?;
             Ok(SigningKey::from_seed(seed))
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+        Err(keyfile::KeyFileError::NotFound { .. }) => {
             let mut seed = [0u8; 32];
             getrandom::fill(&mut seed).map_err(|e| io::Error::other(e.to_string()))?;
-            write_atomic(&path, to_hex(&seed).as_bytes(), 0o600)?;
+            keyfile::write_private(&path, to_hex(&seed).as_bytes(), Overwrite::Refuse)?;
             Ok(SigningKey::from_seed(seed))
         }
-        Err(e) => Err(e),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -115,8 +110,8 @@ pub fn load_or_create_node_key(dir: &Path) -> io::Result<SigningKey> {
 /// IO errors, or a counter file that does not parse.
 pub fn bump_boot(dir: &Path) -> io::Result<Generation> {
     let path = dir.join(BOOT_FILE);
-    let last = match fs::read_to_string(&path) {
-        Ok(text) => text.trim().parse::<u64>().map_err(|_| {
+    let last = match fs::read(&path) {
+        Ok(text) => parse_boot(&text).ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("{} is not a number", path.display()),
@@ -190,11 +185,31 @@ mod tests {
     }
 
     #[test]
+    fn an_open_node_key_is_refused_and_the_dir_is_0700() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("data");
+        ensure_dir(&dir).unwrap();
+        let mode = fs::metadata(&dir).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        load_or_create_node_key(&dir).unwrap();
+        let key = dir.join(NODE_KEY_FILE);
+        fs::set_permissions(&key, fs::Permissions::from_mode(0o644)).unwrap();
+        let err = load_or_create_node_key(&dir).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::PermissionDenied);
+        assert!(err.to_string().contains("node.key"), "{err}");
+        assert!(parse_node_key(b"zz").is_none());
+        assert_eq!(parse_boot(b" 7\n"), Some(7));
+        assert_eq!(parse_boot(b"\xff"), None);
+    }
+
+    #[test]
     fn node_key_is_generated_once_and_boot_grows() {
         let dir = tempfile::tempdir().unwrap();
         let a = load_or_create_node_key(dir.path()).unwrap();
         let b = load_or_create_node_key(dir.path()).unwrap();
         assert_eq!(a.to_seed(), b.to_seed());
+        use std::os::unix::fs::PermissionsExt;
         let mode = fs::metadata(dir.path().join(NODE_KEY_FILE))
             .unwrap()
             .permissions()

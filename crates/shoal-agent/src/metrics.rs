@@ -19,7 +19,9 @@
 //! | stale-endpoint connection failures | `shoal_stale_endpoint_failures_total` |
 //! | no-backend results | `shoal_no_backend_total` |
 //!
-//! plus membership (`shoal_members{state}`), mesh flows (`shoal_mesh_messages_total`,
+//! plus TLS material (`shoal_tls_cert_expiry_seconds`: seconds until the current certificate's
+//! notAfter, set at start, on every reload and every 10 s; `shoal_tls_reloads_total{result}`:
+//! SIGHUP reloads by `ok` / `error`), membership (`shoal_members{state}`), mesh flows (`shoal_mesh_messages_total`,
 //! `shoal_mesh_bytes_total`), transport counters (`shoal_transport_*`), persistence
 //! (`shoal_persist_total{result}`, `shoal_snapshot_load_refused_total`) and rejected inputs by
 //! reason (`shoal_rejected_inputs_total{source,reason}`).
@@ -40,6 +42,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use shoal_catalog::Keyring;
 use shoal_mesh::Mesh;
 use shoal_proto::envelope::MessageKind;
+use shoal_transport::tls::TlsEvent;
 use shoal_transport::transport::TransportCounters;
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
@@ -65,6 +68,25 @@ pub fn install() -> Option<PrometheusHandle> {
 /// Renders the text exposition.
 pub fn render() -> String {
     install().map(|h| h.render()).unwrap_or_default()
+}
+
+/// Records a TLS material event: the expiry gauge, and reloads by result.
+pub fn tls_event(event: TlsEvent<'_>) {
+    let now = std::time::SystemTime::now();
+    match event {
+        TlsEvent::Current(info) => {
+            gauge!("shoal_tls_cert_expiry_seconds").set(info.seconds_to_expiry(now));
+            counter!("shoal_tls_reloads_total", "result" => "ok").increment(0);
+            counter!("shoal_tls_reloads_total", "result" => "error").increment(0);
+        }
+        TlsEvent::Reloaded(info) => {
+            gauge!("shoal_tls_cert_expiry_seconds").set(info.seconds_to_expiry(now));
+            counter!("shoal_tls_reloads_total", "result" => "ok").increment(1);
+        }
+        TlsEvent::Refused(_) => {
+            counter!("shoal_tls_reloads_total", "result" => "error").increment(1);
+        }
+    }
 }
 
 /// Counts one rejected input.

@@ -64,8 +64,14 @@ pub fn write_members(dir: &Path, members: &[PersistedMember]) -> io::Result<()> 
 /// Reads the persisted members; missing or corrupt -> empty (they are only join hints).
 pub fn read_members(dir: &Path) -> Vec<PersistedMember> {
     fs::read(dir.join(MEMBERS_FILE))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Vec<PersistedMember>>(&b).ok())
+        .map(|b| parse_members(&b))
+        .unwrap_or_default()
+}
+
+/// Parses the content of `members.json`; corrupt -> empty, at most
+/// [`MAX_PERSISTED_MEMBERS`].
+pub fn parse_members(bytes: &[u8]) -> Vec<PersistedMember> {
+    serde_json::from_slice::<Vec<PersistedMember>>(bytes)
         .map(|mut v| {
             v.truncate(MAX_PERSISTED_MEMBERS);
             v

@@ -10,7 +10,8 @@ use anyhow::Context;
 use clap::Subcommand;
 use shoal_proto::rpc::{AuthorityOk, AuthorityRequestBody};
 use shoal_proto::SigningKey;
-use shoal_transport::certs::read_pem_file;
+use shoal_transport::certs::{read_key_file, read_pem_file};
+use shoal_transport::keyfile::{self, Overwrite};
 
 use crate::client::AuthorityClient;
 use crate::config::{to_hex, AuthorityConfig};
@@ -55,12 +56,17 @@ pub enum AuthorityCmd {
         #[command(subcommand)]
         cmd: NodeCmd,
     },
-    /// Generate a region signing key seed file and print its verifying key (hex) for the
-    /// agents' `authority_keys`.
+    /// Generate a region signing key seed file (mode 0600, its directory created 0700 when
+    /// missing) and print its verifying key (hex) for the agents' `authority_keys`. Refuses to
+    /// overwrite an existing file unless `--force`.
     Keygen {
         /// Output file (64 hex chars).
         #[arg(long)]
         out: PathBuf,
+        /// Replace an existing key file (atomically). Every agent trusting the old key must be
+        /// given the new one.
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -196,7 +202,7 @@ pub async fn run(cmd: AuthorityCmd) -> anyhow::Result<()> {
                 "127.0.0.1:0".parse().expect("addr"),
                 &read_pem_file(&ca)?,
                 &read_pem_file(&cert)?,
-                &read_pem_file(&key)?,
+                &read_key_file(&key)?,
             )?;
             let res = client
                 .call(
@@ -272,12 +278,19 @@ pub async fn run(cmd: AuthorityCmd) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        AuthorityCmd::Keygen { out } => {
+        AuthorityCmd::Keygen { out, force } => {
             let mut seed = [0u8; 32];
             rand::fill(&mut seed);
             let key = SigningKey::from_seed(seed);
-            std::fs::write(&out, to_hex(&seed))
-                .with_context(|| format!("writing {}", out.display()))?;
+            if let Some(dir) = out.parent() {
+                keyfile::ensure_dir(dir)?;
+            }
+            let overwrite = if force {
+                Overwrite::Replace
+            } else {
+                Overwrite::Refuse
+            };
+            keyfile::write_private(&out, to_hex(&seed).as_bytes(), overwrite)?;
             println!("{}", to_hex(&key.verifying_key().to_bytes()));
             Ok(())
         }

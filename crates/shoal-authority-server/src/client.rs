@@ -183,6 +183,11 @@ impl AuthorityClient {
         last
     }
 
+    /// The client's transport (e.g. [`Transport::peer_certificate`] of a replica).
+    pub fn transport(&self) -> &Transport {
+        &self.transport
+    }
+
     /// Closes the transport.
     pub async fn shutdown(&self) {
         self.transport.shutdown().await;

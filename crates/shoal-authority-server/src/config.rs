@@ -323,10 +323,12 @@ impl AuthorityConfig {
 /// Reads a signing key seed file (64 hex chars, surrounding whitespace ignored).
 ///
 /// # Errors
-/// Unreadable file or not 64 hex characters.
+/// Unreadable file, a file readable or writable by group or others (refused, as OpenSSH
+/// refuses an unprotected private key), or not 64 hex characters.
 pub fn read_signing_key(path: &Path) -> anyhow::Result<SigningKey> {
-    let text = std::fs::read_to_string(path)
+    let bytes = shoal_transport::keyfile::read_private(path)
         .with_context(|| format!("reading signing key {}", path.display()))?;
+    let text = String::from_utf8_lossy(&bytes);
     let bytes = from_hex(text.trim())
         .filter(|b| b.len() == 32)
         .with_context(|| format!("{}: expected 64 hex characters", path.display()))?;

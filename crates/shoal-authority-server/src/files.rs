@@ -2,13 +2,13 @@
 //! the framing of log records.
 //!
 //! A *framed* file is `magic (4) | payload length (u32 LE) | crc32 (u32 LE) | payload`. It is
-//! replaced atomically: written to `<name>.tmp`, fsync'd, renamed over the old file, and the
+//! replaced atomically: written to `.<name>.tmp` (created mode 0600), fsync'd, renamed over the old file, and the
 //! directory fsync'd, so a crash leaves either the old or the new file, never half of one. A file
 //! whose magic, length or checksum does not match is refused with [`FileError::Corrupt`]: a torn
 //! or bit-rotted file is never loaded (invariant 7).
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::fs::{self, OpenOptions};
+use std::io;
 use std::path::{Path, PathBuf};
 
 /// Magic of a framed state file.
@@ -109,14 +109,8 @@ pub fn unframe<'a>(path: &Path, bytes: &'a [u8]) -> Result<&'a [u8], FileError> 
 /// # Errors
 /// [`FileError::Io`]; the old file is untouched then.
 pub fn write_atomic(path: &Path, payload: &[u8]) -> Result<(), FileError> {
-    let tmp = path.with_extension("tmp");
-    let mut f = File::create(&tmp).map_err(|e| FileError::io(&tmp, e))?;
-    f.write_all(&frame(payload))
-        .map_err(|e| FileError::io(&tmp, e))?;
-    f.sync_all().map_err(|e| FileError::io(&tmp, e))?;
-    drop(f);
-    fs::rename(&tmp, path).map_err(|e| FileError::io(path, e))?;
-    sync_dir(path)
+    shoal_transport::keyfile::replace_atomic(path, &frame(payload), 0o600)
+        .map_err(|e| FileError::io(path, e))
 }
 
 /// Reads a framed file; `Ok(None)` when it does not exist.

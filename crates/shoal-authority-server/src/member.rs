@@ -69,12 +69,9 @@ pub struct MemberSettings {
     pub mesh: MeshConfig,
     /// Trusted keys (the region key; node keys when configured).
     pub keyring: Keyring,
-    /// Region CA, node certificate and key (PEM).
-    pub ca_pem: String,
-    /// Node certificate PEM.
-    pub cert_pem: String,
-    /// Node key PEM.
-    pub key_pem: String,
+    /// Region CA, node certificate and key, shared with the replica's other transports (a
+    /// SIGHUP reload applies to all of them).
+    pub tls: shoal_transport::tls::TlsState,
     /// Longest pause between join attempts while not active, ms.
     pub join_max_ms: u64,
 }
@@ -170,15 +167,9 @@ pub fn bump_boot(dir: &Path) -> anyhow::Result<Generation> {
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
     let next = last.saturating_add(1);
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let tmp = dir.join(format!("{BOOT_FILE}.tmp"));
-    {
-        use std::io::Write;
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(next.to_string().as_bytes())?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, &path)?;
+    shoal_transport::keyfile::ensure_private_dir(dir)?;
+    shoal_transport::keyfile::replace_atomic(&path, next.to_string().as_bytes(), 0o600)
+        .with_context(|| format!("writing {}", path.display()))?;
     Ok(Generation(next))
 }
 
@@ -200,13 +191,7 @@ pub fn start(
     boot: Generation,
     origin: Instant,
 ) -> anyhow::Result<MemberHandle> {
-    let mut tc = TransportConfig::new(
-        s.listen,
-        s.region.clone(),
-        s.ca_pem.as_str(),
-        s.cert_pem.as_str(),
-        s.key_pem.as_str(),
-    );
+    let mut tc = TransportConfig::with_tls(s.listen, s.tls.clone());
     tc.max_stream_message_bytes = s
         .mesh
         .max_stream_message_bytes

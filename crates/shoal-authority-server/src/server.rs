@@ -51,7 +51,8 @@ use shoal_proto::rpc::{
     AuthorityStatus, LocalCaller,
 };
 use shoal_proto::{NodeId, Revision};
-use shoal_transport::certs::{read_pem_file, NodeIdentity};
+use shoal_transport::certs::NodeIdentity;
+use shoal_transport::tls::{self, TlsEvent, TlsPaths, TlsState};
 use shoal_transport::transport::{Channel, Inbound, Transport, TransportConfig};
 use tokio::sync::{mpsc, watch, Semaphore};
 
@@ -116,6 +117,9 @@ pub struct Replica {
     liveness_busy: AtomicBool,
     expire_busy: AtomicBool,
     member: Option<MemberHandle>,
+    /// Reloads the TLS material of every transport on SIGHUP.
+    reloader: tokio::task::JoinHandle<()>,
+    tls: TlsState,
 }
 
 /// Most liveness commands proposed per reconciliation round.
@@ -191,14 +195,8 @@ impl std::fmt::Debug for Replica {
     }
 }
 
-fn transport_config(
-    cfg: &AuthorityConfig,
-    listen: SocketAddr,
-    ca: &str,
-    cert: &str,
-    key: &str,
-) -> TransportConfig {
-    let mut t = TransportConfig::new(listen, cfg.region.clone(), ca, cert, key);
+fn transport_config(listen: SocketAddr, tls: &TlsState) -> TransportConfig {
+    let mut t = TransportConfig::with_tls(listen, tls.clone());
     t.max_stream_message_bytes = MAX_STREAM_MESSAGE_BYTES;
     t.max_connections = 4_096;
     t.idle_timeout_ms = 10_000;
@@ -215,9 +213,12 @@ impl Replica {
     /// that cannot be bound, or openraft refusing the configuration.
     pub async fn start(cfg: AuthorityConfig) -> anyhow::Result<Arc<Self>> {
         cfg.validate()?;
-        let ca = read_pem_file(&cfg.ca)?;
-        let cert = read_pem_file(&cfg.cert)?;
-        let key = read_pem_file(&cfg.key)?;
+        let tls_paths = TlsPaths {
+            ca: cfg.ca.clone(),
+            cert: cfg.cert.clone(),
+            key: cfg.key.clone(),
+        };
+        let tls = TlsState::from_files(&cfg.region, &tls_paths).context("TLS material")?;
         let signing_key = cfg.load_signing_key()?;
         let me = cfg.me().clone();
         let started = Instant::now();
@@ -235,9 +236,7 @@ impl Replica {
                     zone,
                     mesh,
                     keyring,
-                    ca_pem: ca.clone(),
-                    cert_pem: cert.clone(),
-                    key_pem: key.clone(),
+                    tls: tls.clone(),
                     join_max_ms: cfg.mesh.join_max_ms,
                 };
                 let node: NodeId = me
@@ -260,8 +259,7 @@ impl Replica {
         )
         .context("opening the state machine")?;
 
-        let (raft_t, raft_in) =
-            Transport::bind(transport_config(&cfg, me.raft_addr, &ca, &cert, &key))?;
+        let (raft_t, raft_in) = Transport::bind(transport_config(me.raft_addr, &tls))?;
         if raft_t.identity().node_id.as_str() != me.node {
             anyhow::bail!(
                 "certificate node id {} does not match members[].node {}",
@@ -269,8 +267,7 @@ impl Replica {
                 me.node
             );
         }
-        let (rpc_t, rpc_in) =
-            Transport::bind(transport_config(&cfg, me.rpc_addr, &ca, &cert, &key))?;
+        let (rpc_t, rpc_in) = Transport::bind(transport_config(me.rpc_addr, &tls))?;
         let raft_rpc = RaftRpc::new(raft_t);
 
         let raft_config = openraft::Config {
@@ -325,6 +322,14 @@ impl Replica {
             liveness_busy: AtomicBool::new(false),
             expire_busy: AtomicBool::new(false),
             member: member.clone(),
+            reloader: tls::spawn_reloader(
+                tls.clone(),
+                tls_paths,
+                Duration::from_secs(10),
+                tls_metrics,
+            )
+            .context("SIGHUP handler")?,
+            tls,
         });
         tokio::spawn(replica.clone().serve_rpc(rpc_in));
         tokio::spawn(replica.clone().leader_duties());
@@ -363,6 +368,7 @@ impl Replica {
 
     /// Builds a final snapshot, stops Raft, leaves the mesh and closes the transports.
     pub async fn shutdown(&self) {
+        self.reloader.abort();
         let _ = self.snapshot_now().await;
         tokio::time::sleep(Duration::from_millis(100)).await;
         let _ = self.raft.shutdown().await;
@@ -371,6 +377,12 @@ impl Replica {
         }
         self.rpc.shutdown().await;
         self.raft_rpc.transport().shutdown().await;
+    }
+
+    /// The TLS material shared by the replica's transports (Raft, RPC, mesh member);
+    /// SIGHUP reloads it from the configured files.
+    pub fn tls(&self) -> &TlsState {
+        &self.tls
     }
 
     /// This replica's status.
@@ -794,6 +806,26 @@ impl Replica {
             }
             this.liveness_busy.store(false, Ordering::Release);
         });
+    }
+}
+
+/// The TLS gauges and counters (same names as the agent's): `shoal_tls_cert_expiry_seconds`,
+/// `shoal_tls_reloads_total{result}`.
+fn tls_metrics(event: TlsEvent<'_>) {
+    let now = std::time::SystemTime::now();
+    match event {
+        TlsEvent::Current(info) => {
+            gauge!("shoal_tls_cert_expiry_seconds").set(info.seconds_to_expiry(now));
+            counter!("shoal_tls_reloads_total", "result" => "ok").increment(0);
+            counter!("shoal_tls_reloads_total", "result" => "error").increment(0);
+        }
+        TlsEvent::Reloaded(info) => {
+            gauge!("shoal_tls_cert_expiry_seconds").set(info.seconds_to_expiry(now));
+            counter!("shoal_tls_reloads_total", "result" => "ok").increment(1);
+        }
+        TlsEvent::Refused(_) => {
+            counter!("shoal_tls_reloads_total", "result" => "error").increment(1);
+        }
     }
 }
 

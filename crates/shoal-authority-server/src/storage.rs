@@ -102,14 +102,15 @@ impl LogStore {
     /// [`FileError::Corrupt`] for a damaged vote, purge mark or log record, or a log with a
     /// hole; [`FileError::Io`] when the directory cannot be read or written.
     pub fn open(dir: &Path) -> Result<Self, FileError> {
-        fs::create_dir_all(dir).map_err(|e| FileError::io(dir, e))?;
+        shoal_transport::keyfile::ensure_private_dir(dir)
+            .map_err(|e| FileError::io(dir, e.into()))?;
         let vote_path = dir.join(VOTE_FILE);
         let vote = files::read_framed(&vote_path)?
-            .map(|b| dec::<Vote>(&vote_path, &b))
+            .map(|b| decode_vote(&vote_path, &b))
             .transpose()?;
         let purged_path = dir.join(PURGED_FILE);
         let last_purged = files::read_framed(&purged_path)?
-            .map(|b| dec::<LogId>(&purged_path, &b))
+            .map(|b| decode_log_id(&purged_path, &b))
             .transpose()?;
         let path = dir.join(LOG_FILE);
         let bytes = match fs::read(&path) {
@@ -117,42 +118,25 @@ impl LogStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             Err(e) => return Err(FileError::io(&path, e)),
         };
-        let scanned = files::scan_records(&path, &bytes)?;
-        let mut entries = BTreeMap::new();
-        let mut dead_records = 0;
         let floor = last_purged.map(|l| l.index);
-        for (offset, payload) in &scanned.records {
-            let entry: Entry = dec(&path, payload)?;
-            if floor.is_some_and(|f| entry.log_id.index <= f) {
-                dead_records += 1;
-                continue;
-            }
-            // A later record for an index replaces a truncated one only if truncation was not
-            // persisted; truncation always cuts the file, so a repeat is damage.
-            if entries
-                .insert(entry.log_id.index, (entry, *offset))
-                .is_some()
-            {
-                return Err(FileError::Corrupt {
-                    path: path.clone(),
-                    what: format!("duplicate log record at offset {offset}"),
-                });
-            }
-        }
-        check_contiguous(&path, &entries, floor)?;
+        let ParsedLog {
+            entries,
+            dead_records,
+            valid_len,
+        } = parse_log(&path, &bytes, floor)?;
         let file = OpenOptions::new()
             .create(true)
             .read(true)
             .append(true)
             .open(&path)
             .map_err(|e| FileError::io(&path, e))?;
-        if scanned.valid_len < bytes.len() as u64 {
+        if valid_len < bytes.len() as u64 {
             tracing::warn!(
                 path = %path.display(),
-                cut_bytes = bytes.len() as u64 - scanned.valid_len,
+                cut_bytes = bytes.len() as u64 - valid_len,
                 "truncating the torn tail of the raft log (an append that never completed)"
             );
-            file.set_len(scanned.valid_len)
+            file.set_len(valid_len)
                 .map_err(|e| FileError::io(&path, e))?;
             file.sync_all().map_err(|e| FileError::io(&path, e))?;
         }
@@ -162,7 +146,7 @@ impl LogStore {
                 dir: dir.to_path_buf(),
                 file,
                 entries,
-                end_offset: scanned.valid_len,
+                end_offset: valid_len,
                 dead_records,
                 vote,
                 last_purged,
@@ -184,6 +168,68 @@ impl LogStore {
     pub fn vote(&self) -> Option<Vote> {
         self.inner.lock().expect("log lock").vote
     }
+}
+
+/// The records of a `raft.log` file, as [`parse_log`] found them.
+#[derive(Debug)]
+pub struct ParsedLog {
+    /// Live entries by index, with the offset of their record.
+    pub entries: BTreeMap<u64, (Entry, u64)>,
+    /// Records at or below the purge floor (dropped).
+    pub dead_records: u64,
+    /// Offset just past the last complete record; anything beyond is a torn tail.
+    pub valid_len: u64,
+}
+
+/// Parses the bytes of a `raft.log` file: framing and checksums ([`files::scan_records`]),
+/// each record's entry, no duplicate index, no hole above `floor` (the last purged index).
+///
+/// # Errors
+/// [`FileError::Corrupt`] or [`FileError::Codec`] naming `path`; never panics on any bytes.
+pub fn parse_log(path: &Path, bytes: &[u8], floor: Option<u64>) -> Result<ParsedLog, FileError> {
+    let scanned = files::scan_records(path, bytes)?;
+    let mut entries = BTreeMap::new();
+    let mut dead_records = 0;
+    for (offset, payload) in &scanned.records {
+        let entry: Entry = dec(path, payload)?;
+        if floor.is_some_and(|f| entry.log_id.index <= f) {
+            dead_records += 1;
+            continue;
+        }
+        // A later record for an index replaces a truncated one only if truncation was not
+        // persisted; truncation always cuts the file, so a repeat is damage.
+        if entries
+            .insert(entry.log_id.index, (entry, *offset))
+            .is_some()
+        {
+            return Err(FileError::Corrupt {
+                path: path.to_path_buf(),
+                what: format!("duplicate log record at offset {offset}"),
+            });
+        }
+    }
+    check_contiguous(path, &entries, floor)?;
+    Ok(ParsedLog {
+        entries,
+        dead_records,
+        valid_len: scanned.valid_len,
+    })
+}
+
+/// Decodes the payload of `vote.bin` (after [`files::unframe`]).
+///
+/// # Errors
+/// [`FileError::Codec`] naming `path`.
+pub fn decode_vote(path: &Path, payload: &[u8]) -> Result<Vote, FileError> {
+    dec(path, payload)
+}
+
+/// Decodes the payload of `purged.bin` (after [`files::unframe`]).
+///
+/// # Errors
+/// [`FileError::Codec`] naming `path`.
+pub fn decode_log_id(path: &Path, payload: &[u8]) -> Result<LogId, FileError> {
+    dec(path, payload)
 }
 
 fn check_contiguous(
@@ -364,12 +410,21 @@ impl StoredSnapshot {
         let Some(bytes) = files::read_framed(path)? else {
             return Ok(None);
         };
-        let snap: Self = dec(path, &bytes)?;
+        Self::decode(path, &bytes).map(Some)
+    }
+
+    /// Decodes and checks the payload of a snapshot file (after [`files::unframe`]): the
+    /// snapshot, then the state's own invariants.
+    ///
+    /// # Errors
+    /// [`FileError::Codec`] or [`FileError::Corrupt`] naming `path`; never panics on any bytes.
+    pub fn decode(path: &Path, payload: &[u8]) -> Result<(Self, AuthorityState), FileError> {
+        let snap: Self = dec(path, payload)?;
         let state = AuthorityState::decode(&snap.data).map_err(|e| FileError::Corrupt {
             path: path.to_path_buf(),
             what: format!("snapshot state: {e}"),
         })?;
-        Ok(Some((snap, state)))
+        Ok((snap, state))
     }
 
     /// Writes the snapshot atomically.
@@ -425,7 +480,8 @@ impl StateMachineStore {
         signing_key: SigningKey,
         applied_tx: Option<mpsc::Sender<Applied>>,
     ) -> Result<Self, FileError> {
-        fs::create_dir_all(dir).map_err(|e| FileError::io(dir, e))?;
+        shoal_transport::keyfile::ensure_private_dir(dir)
+            .map_err(|e| FileError::io(dir, e.into()))?;
         let (snapshot, state) = match StoredSnapshot::read(&dir.join(SNAPSHOT_FILE))? {
             Some((snap, state)) => (Some(snap), state),
             None => (None, AuthorityState::new(region.clone())),
@@ -692,7 +748,8 @@ pub fn restore_snapshot(data_dir: &Path, file: &Path) -> Result<SnapshotMeta, Fi
         path: file.to_path_buf(),
         source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such snapshot file"),
     })?;
-    fs::create_dir_all(data_dir).map_err(|e| FileError::io(data_dir, e))?;
+    shoal_transport::keyfile::ensure_private_dir(data_dir)
+        .map_err(|e| FileError::io(data_dir, e.into()))?;
     snap.write(&data_dir.join(SNAPSHOT_FILE))?;
     if let Some(last) = snap.meta.last_log_id {
         files::write_atomic(&data_dir.join(PURGED_FILE), &enc(&last))?;

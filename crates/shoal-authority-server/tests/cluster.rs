@@ -1,6 +1,7 @@
 //! Cross-process tests: three real `shoal-authority` processes on 127.0.0.x loopback addresses
 //! with certificates generated in a temp dir. No fixed sleeps: every wait polls with a deadline.
 
+use shoal_transport::keyfile::Overwrite;
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -50,7 +51,7 @@ fn write_pair(dir: &Path, name: &str, p: &CertPair) -> (PathBuf, PathBuf) {
     let c = dir.join(format!("{name}.pem"));
     let k = dir.join(format!("{name}.key"));
     std::fs::write(&c, &p.cert_pem).unwrap();
-    std::fs::write(&k, &p.key_pem).unwrap();
+    shoal_transport::keyfile::write_private(&k, p.key_pem.as_bytes(), Overwrite::Refuse).unwrap();
     (c, k)
 }
 
@@ -62,7 +63,12 @@ impl Cluster {
         let ca = generate_ca(&region, Validity::from_now(Duration::from_secs(3600))).unwrap();
         std::fs::write(root.join("ca.pem"), &ca.cert_pem).unwrap();
         let key = SigningKey::from_seed([9; 32]);
-        std::fs::write(root.join("region.key"), to_hex(&[9; 32])).unwrap();
+        shoal_transport::keyfile::write_private(
+            &root.join("region.key"),
+            to_hex(&[9; 32]).as_bytes(),
+            Overwrite::Refuse,
+        )
+        .unwrap();
         let base = 20 + (std::process::id() % 200) as u8;
         let addrs: Vec<(String, u16, u16)> = (0..n)
             .map(|i| {
@@ -547,4 +553,93 @@ async fn restored_older_snapshot_never_overrides_newer_records_at_agents() {
         "the restored authority signed nothing to compare"
     );
     c.shutdown().await;
+}
+
+fn log_of(cl: &Cluster, i: usize) -> String {
+    std::fs::read_to_string(cl.nodes[i].dir.join("stderr.log")).unwrap_or_default()
+}
+
+fn hup(cl: &Cluster, i: usize) {
+    let pid = cl.nodes[i].child.as_ref().unwrap().id();
+    let ok = Command::new("kill")
+        .args(["-HUP", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+}
+
+async fn wait_log(cl: &Cluster, i: usize, needle: &str, times: usize) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while log_of(cl, i).matches(needle).count() < times {
+        assert!(Instant::now() < deadline, "no {needle:?} in the log");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_reloads_its_certificate_on_sighup() {
+    let mut cl = Cluster::new(1, 100);
+    cl.start(0);
+    let rpc = cl.nodes[0].rpc;
+    let old = cl.client("op-1");
+    wait_leader(&cl, &old, &[0], Duration::from_secs(20)).await;
+    let first = old.transport().peer_certificate(rpc).unwrap();
+
+    // Same CA, new certificate (another serial, a longer validity).
+    let pair = generate_node_cert(
+        &cl.ca,
+        &"auth-1".parse().unwrap(),
+        &cl.region,
+        &ExtraSans::default(),
+        Validity::from_now(Duration::from_secs(7200)),
+    )
+    .unwrap();
+    let replace = |name: &str, bytes: &str| {
+        shoal_transport::keyfile::write_private(
+            &cl.root.join(name),
+            bytes.as_bytes(),
+            Overwrite::Replace,
+        )
+        .unwrap()
+    };
+    replace("auth-1.key", &pair.key_pem);
+    replace("auth-1.pem", &pair.cert_pem);
+    hup(&cl, 0);
+    wait_log(&cl, 0, "TLS certificate, key and CA bundle reloaded", 1).await;
+
+    let new = cl.client("op-2");
+    assert!(status(&new, rpc).await.is_some());
+    let second = new.transport().peer_certificate(rpc).unwrap();
+    assert_ne!(second.serial, first.serial);
+    assert!(second.not_after > first.not_after + Duration::from_secs(3000));
+    // The connection made before the reload still answers, on the old certificate.
+    assert!(status(&old, rpc).await.is_some());
+    assert_eq!(
+        old.transport().peer_certificate(rpc).unwrap().serial,
+        first.serial
+    );
+
+    // Another node's certificate: refused, the rotated one stays.
+    let other = generate_node_cert(
+        &cl.ca,
+        &"auth-9".parse().unwrap(),
+        &cl.region,
+        &ExtraSans::default(),
+        Validity::from_now(Duration::from_secs(3600)),
+    )
+    .unwrap();
+    replace("auth-1.key", &other.key_pem);
+    replace("auth-1.pem", &other.cert_pem);
+    hup(&cl, 0);
+    wait_log(&cl, 0, "TLS reload refused", 1).await;
+    let third = cl.client("op-3");
+    assert!(status(&third, rpc).await.is_some());
+    assert_eq!(
+        third.transport().peer_certificate(rpc).unwrap().serial,
+        second.serial
+    );
+    for c in [old, new, third] {
+        c.shutdown().await;
+    }
 }

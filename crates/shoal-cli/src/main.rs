@@ -171,7 +171,8 @@ enum SnapshotCmd {
 
 #[derive(Debug, Subcommand)]
 enum CertsCmd {
-    /// Create `<region>-ca.pem` and `<region>-ca-key.pem`.
+    /// Create `<region>-ca.pem` and `<region>-ca-key.pem` (key mode 0600; the output directory
+    /// is created 0700 when missing). Refuses to overwrite either file unless `--force`.
     Ca {
         /// Region.
         #[arg(long)]
@@ -179,8 +180,14 @@ enum CertsCmd {
         /// Output directory.
         #[arg(long, default_value = ".")]
         out: PathBuf,
+        /// Replace existing files (atomically). Every node certificate of the old CA stops
+        /// being trusted once peers reload the new CA.
+        #[arg(long)]
+        force: bool,
     },
-    /// Create a node certificate signed by the region CA.
+    /// Create a node certificate signed by the region CA (key mode 0600). Refuses to overwrite
+    /// an existing certificate or key unless `--force`; with it, the key then the certificate
+    /// are replaced atomically, ready for `kill -HUP` of the agent or authority using them.
     Node {
         /// Node id.
         #[arg(long)]
@@ -197,6 +204,9 @@ enum CertsCmd {
         /// Extra DNS SANs.
         #[arg(long)]
         dns: Vec<String>,
+        /// Replace existing files (certificate rotation).
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -524,10 +534,9 @@ async fn watch(socket: &Path, key: &str, wait: u64, json_out: bool) -> anyhow::R
 fn certs(cmd: CertsCmd) -> anyhow::Result<()> {
     use shoal_transport::certs;
     match cmd {
-        CertsCmd::Ca { region, out } => {
+        CertsCmd::Ca { region, out, force } => {
             let region: Region = region.parse().map_err(|e| anyhow::anyhow!("region: {e}"))?;
-            std::fs::create_dir_all(&out)?;
-            let f = certs::create_ca(&region, &out)?;
+            let f = certs::create_ca_with(&region, &out, overwrite(force))?;
             println!("{}\n{}", f.cert.display(), f.key.display());
         }
         CertsCmd::Node {
@@ -536,6 +545,7 @@ fn certs(cmd: CertsCmd) -> anyhow::Result<()> {
             out,
             ip,
             dns,
+            force,
         } => {
             let region: Region = region.parse().map_err(|e| anyhow::anyhow!("region: {e}"))?;
             let node: NodeId = node_id
@@ -545,17 +555,26 @@ fn certs(cmd: CertsCmd) -> anyhow::Result<()> {
                 cert: out.join(format!("{region}-ca.pem")),
                 key: out.join(format!("{region}-ca-key.pem")),
             };
-            let f = certs::create_node_cert(
+            let f = certs::create_node_cert_with(
                 &ca,
                 &node,
                 &region,
                 &certs::ExtraSans { ips: ip, dns },
                 &out,
+                overwrite(force),
             )?;
             println!("{}\n{}", f.cert.display(), f.key.display());
         }
     }
     Ok(())
+}
+
+fn overwrite(force: bool) -> shoal_transport::certs::Overwrite {
+    if force {
+        shoal_transport::certs::Overwrite::Replace
+    } else {
+        shoal_transport::certs::Overwrite::Refuse
+    }
 }
 
 /// Accepts every signature: `snapshot inspect` shows structure, not trust.

@@ -16,11 +16,12 @@
 //! check. The SAN URI is the authoritative identity; the CN is only a copy for humans.
 //!
 //! There are two layers: [`generate_ca`] / [`generate_node_cert`] work in memory (PEM strings);
-//! [`create_ca`] / [`create_node_cert`] write files and refuse to overwrite existing ones. Key
-//! files are created with mode 0600.
+//! [`create_ca`] / [`create_node_cert`] write files and refuse to overwrite existing ones unless
+//! asked to ([`Overwrite::Replace`], `--force`). Key files are created with mode 0600 by the
+//! `open` call itself, in an output directory created 0700 when missing (see [`crate::keyfile`]);
+//! a replaced file is swapped in atomically (temp file + rename). Private keys are read with
+//! [`read_key_file`], which refuses a key readable by group or others.
 
-use std::fs::OpenOptions;
-use std::io::Write;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -36,6 +37,9 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{CertificateError, RootCertStore};
 use shoal_proto::{NodeId, Region};
+
+pub use crate::keyfile::Overwrite;
+use crate::keyfile::{self, KeyFileError};
 
 /// URI scheme of the identity SAN.
 pub const IDENTITY_SCHEME: &str = "shoal://";
@@ -65,7 +69,7 @@ pub enum CertError {
         source: std::io::Error,
     },
     /// Refused to overwrite an existing file.
-    #[error("{}: already exists, refusing to overwrite", path.display())]
+    #[error("{}: already exists, refusing to overwrite (pass --force to replace it)", path.display())]
     AlreadyExists {
         /// The existing file.
         path: PathBuf,
@@ -112,6 +116,20 @@ pub enum CertError {
     /// Generating a key or signing a certificate failed.
     #[error("certificate generation failed: {0}")]
     Generate(#[from] rcgen::Error),
+    /// A private key file is too open, or a file could not be written or read.
+    #[error(transparent)]
+    KeyFile(#[from] KeyFileError),
+    /// The certificate names another node than the one this process is.
+    #[error("certificate is for {found}, expected {expected}")]
+    WrongIdentity {
+        /// The identity this process has (from its first certificate).
+        expected: NodeIdentity,
+        /// The identity in the new certificate.
+        found: NodeIdentity,
+    },
+    /// The private key does not belong to the certificate.
+    #[error("the private key does not match the certificate")]
+    KeyMismatch,
 }
 
 /// A certificate and its private key, both PEM-encoded.
@@ -347,30 +365,54 @@ pub fn generate_node_cert(
     })
 }
 
-/// Creates `<region>-ca.pem` and `<region>-ca-key.pem` in `out_dir`, valid for [`CA_VALIDITY`].
+/// Creates `<region>-ca.pem` and `<region>-ca-key.pem` in `out_dir`, valid for [`CA_VALIDITY`],
+/// refusing to overwrite either.
 ///
 /// # Errors
-/// [`CertError::AlreadyExists`] if either file exists (nothing is written then);
-/// [`CertError::Write`] if writing fails; [`CertError::Generate`] if generation fails.
+/// As [`create_ca_with`] with [`Overwrite::Refuse`].
 pub fn create_ca(region: &Region, out_dir: &Path) -> Result<CaFiles, CertError> {
+    create_ca_with(region, out_dir, Overwrite::Refuse)
+}
+
+/// Creates (or with [`Overwrite::Replace`] atomically replaces) `<region>-ca.pem` and
+/// `<region>-ca-key.pem` in `out_dir` (created 0700 when missing). The key is written first,
+/// mode 0600.
+///
+/// # Errors
+/// [`CertError::AlreadyExists`] if either file exists and `overwrite` is
+/// [`Overwrite::Refuse`] (nothing is written then); [`CertError::Write`] if writing fails;
+/// [`CertError::Generate`] if generation fails.
+pub fn create_ca_with(
+    region: &Region,
+    out_dir: &Path,
+    overwrite: Overwrite,
+) -> Result<CaFiles, CertError> {
     let files = CaFiles {
         cert: out_dir.join(format!("{region}-ca.pem")),
         key: out_dir.join(format!("{region}-ca-key.pem")),
     };
-    refuse_existing(&[&files.cert, &files.key])?;
+    prepare_out(out_dir, &[&files.cert, &files.key], overwrite)?;
     let pair = generate_ca(region, Validity::from_now(CA_VALIDITY))?;
-    write_new(&files.key, &pair.key_pem, 0o600)?;
-    write_new(&files.cert, &pair.cert_pem, 0o644)?;
+    write_out(
+        &files.key,
+        &pair.key_pem,
+        keyfile::PRIVATE_FILE_MODE,
+        overwrite,
+    )?;
+    write_out(
+        &files.cert,
+        &pair.cert_pem,
+        keyfile::PUBLIC_FILE_MODE,
+        overwrite,
+    )?;
     Ok(files)
 }
 
 /// Creates `<region>-node-<node-id>.pem` and `<region>-node-<node-id>-key.pem` in `out_dir`,
-/// signed by the CA in `ca`, valid for [`NODE_VALIDITY`].
+/// signed by the CA in `ca`, valid for [`NODE_VALIDITY`], refusing to overwrite either.
 ///
 /// # Errors
-/// [`CertError::NotFound`] / [`CertError::Unreadable`] / [`CertError::NotPem`] for the CA files;
-/// [`CertError::AlreadyExists`] if an output file exists (nothing is written then);
-/// [`CertError::Write`] if writing fails.
+/// As [`create_node_cert_with`] with [`Overwrite::Refuse`].
 pub fn create_node_cert(
     ca: &CaFiles,
     node: &NodeId,
@@ -378,15 +420,35 @@ pub fn create_node_cert(
     extra: &ExtraSans,
     out_dir: &Path,
 ) -> Result<NodeCertFiles, CertError> {
+    create_node_cert_with(ca, node, region, extra, out_dir, Overwrite::Refuse)
+}
+
+/// As [`create_node_cert`]; with [`Overwrite::Replace`] existing files are replaced atomically,
+/// the key first, then the certificate (a reload between the two renames sees a key that does
+/// not match the certificate and keeps the old material, see [`crate::tls`]).
+///
+/// # Errors
+/// [`CertError::NotFound`] / [`CertError::Unreadable`] / [`CertError::NotPem`] for the CA files;
+/// [`CertError::KeyFile`] if the CA key is readable by group or others;
+/// [`CertError::AlreadyExists`] if an output file exists and `overwrite` is
+/// [`Overwrite::Refuse`] (nothing is written then); [`CertError::Write`] if writing fails.
+pub fn create_node_cert_with(
+    ca: &CaFiles,
+    node: &NodeId,
+    region: &Region,
+    extra: &ExtraSans,
+    out_dir: &Path,
+    overwrite: Overwrite,
+) -> Result<NodeCertFiles, CertError> {
     let ca_pair = CertPair {
         cert_pem: read_pem_file(&ca.cert)?,
-        key_pem: read_pem_file(&ca.key)?,
+        key_pem: read_key_file(&ca.key)?,
     };
     let files = NodeCertFiles {
         cert: out_dir.join(format!("{region}-node-{node}.pem")),
         key: out_dir.join(format!("{region}-node-{node}-key.pem")),
     };
-    refuse_existing(&[&files.cert, &files.key])?;
+    prepare_out(out_dir, &[&files.cert, &files.key], overwrite)?;
     let pair = generate_node_cert(
         &ca_pair,
         node,
@@ -394,9 +456,34 @@ pub fn create_node_cert(
         extra,
         Validity::from_now(NODE_VALIDITY),
     )?;
-    write_new(&files.key, &pair.key_pem, 0o600)?;
-    write_new(&files.cert, &pair.cert_pem, 0o644)?;
+    write_out(
+        &files.key,
+        &pair.key_pem,
+        keyfile::PRIVATE_FILE_MODE,
+        overwrite,
+    )?;
+    write_out(
+        &files.cert,
+        &pair.cert_pem,
+        keyfile::PUBLIC_FILE_MODE,
+        overwrite,
+    )?;
     Ok(files)
+}
+
+/// Reads a PEM private key file, refusing one that group or others may read or write (as
+/// OpenSSH does), with errors that name the file.
+///
+/// # Errors
+/// [`CertError::KeyFile`] ([`KeyFileError::TooOpen`]) for a too-open file, otherwise as
+/// [`read_pem_file`].
+pub fn read_key_file(path: &Path) -> Result<String, CertError> {
+    match keyfile::check_private(path) {
+        Ok(()) => {}
+        Err(KeyFileError::NotFound { path }) => return Err(CertError::NotFound { path }),
+        Err(e) => return Err(e.into()),
+    }
+    read_pem_file(path)
 }
 
 /// Reads a PEM file into a string, with errors that name the file.
@@ -426,37 +513,29 @@ pub fn read_pem_file(path: &Path) -> Result<String, CertError> {
     Ok(text)
 }
 
-fn refuse_existing(paths: &[&Path]) -> Result<(), CertError> {
-    match paths.iter().find(|p| p.exists()) {
-        Some(p) => Err(CertError::AlreadyExists {
-            path: p.to_path_buf(),
-        }),
-        None => Ok(()),
+fn prepare_out(out_dir: &Path, paths: &[&Path], overwrite: Overwrite) -> Result<(), CertError> {
+    if overwrite == Overwrite::Refuse {
+        if let Some(p) = paths.iter().find(|p| p.exists()) {
+            return Err(CertError::AlreadyExists {
+                path: p.to_path_buf(),
+            });
+        }
     }
+    keyfile::ensure_dir(out_dir)?;
+    Ok(())
 }
 
-fn write_new(path: &Path, contents: &str, mode: u32) -> Result<(), CertError> {
-    let err = |source: std::io::Error| {
-        if source.kind() == std::io::ErrorKind::AlreadyExists {
-            CertError::AlreadyExists {
-                path: path.to_owned(),
-            }
-        } else {
-            CertError::Write {
-                path: path.to_owned(),
-                source,
-            }
-        }
-    };
-    let mut options = OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, mode);
-    #[cfg(not(unix))]
-    let _ = mode;
-    let mut file = options.open(path).map_err(err)?;
-    file.write_all(contents.as_bytes()).map_err(err)?;
-    file.sync_all().map_err(err)
+fn write_out(
+    path: &Path,
+    contents: &str,
+    mode: u32,
+    overwrite: Overwrite,
+) -> Result<(), CertError> {
+    keyfile::write_file(path, contents.as_bytes(), mode, overwrite).map_err(|e| match e {
+        KeyFileError::Exists { path } => CertError::AlreadyExists { path },
+        KeyFileError::Io { path, source } => CertError::Write { path, source },
+        other => CertError::KeyFile(other),
+    })
 }
 
 /// Parses every certificate in a PEM string (leaf first, as TLS wants the chain).

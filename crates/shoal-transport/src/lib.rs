@@ -9,6 +9,11 @@
 //! - [`transport`]: QUIC (quinn) with mutual TLS (rustls, ring) between the agents of one
 //!   region: datagrams for SWIM, one uni-directional stream per bulk message, a bounded
 //!   connection cache, bounded queues, and counters for everything dropped or refused.
+//! - [`tls`]: the TLS material a transport presents and trusts, swappable at run time
+//!   (certificate rotation on SIGHUP without a restart).
+//! - [`keyfile`]: creating (0600 / 0700, atomically), replacing and loading secret files.
 
 pub mod certs;
+pub mod keyfile;
+pub mod tls;
 pub mod transport;

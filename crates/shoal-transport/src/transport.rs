@@ -15,6 +15,10 @@
 //! (other CA, expired, wrong region, garbage) are counted in
 //! [`TransportCounters::handshakes_refused`]; nothing from such a peer is ever delivered.
 //!
+//! The certificate, key and CA bundle live in a [`TlsState`] that the rustls configs consult at
+//! every handshake, so [`TlsState::reload`] (SIGHUP in the agent and the authority) changes what
+//! new connections present and trust without touching established ones; see [`crate::tls`].
+//!
 //! # Addressing
 //! Membership knows peers by their **listen** address, but a dialler's packets come from its
 //! endpoint's address, and the receiver cannot tell that address is the one the dialler listens
@@ -59,13 +63,12 @@ use bytes::Bytes;
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{Connection, Endpoint, VarInt};
 use rustls::pki_types::CertificateDer;
-use rustls::server::WebPkiClientVerifier;
-use rustls::RootCertStore;
 use shoal_proto::Region;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::certs::{self, CertError, NodeIdentity};
+use crate::tls::{CertInfo, TlsMaterial, TlsState};
 
 /// ALPN protocol id of the agent mesh.
 pub const ALPN: &[u8] = b"shoal-mesh/1";
@@ -128,6 +131,10 @@ pub struct TransportConfig {
     pub peer_queue_len: usize,
     /// Length of the inbound channel in messages.
     pub inbound_queue_len: usize,
+    /// Shared, reloadable TLS material. When set, the transport uses it (and follows its
+    /// reloads) and ignores `ca_pem`, `cert_pem` and `key_pem`; when `None`, [`Transport::bind`]
+    /// builds a state of its own from those PEMs ([`Transport::tls`] reloads it).
+    pub tls: Option<TlsState>,
 }
 
 impl std::fmt::Debug for TransportConfig {
@@ -173,7 +180,15 @@ impl TransportConfig {
             keep_alive_ms: 10_000,
             peer_queue_len: 256,
             inbound_queue_len: 4096,
+            tls: None,
         }
+    }
+
+    /// As [`TransportConfig::new`], using (and following the reloads of) a shared TLS state.
+    pub fn with_tls(listen: SocketAddr, tls: TlsState) -> Self {
+        let mut c = Self::new(listen, tls.region().clone(), "", "", "");
+        c.tls = Some(tls);
+        c
     }
 }
 
@@ -354,6 +369,7 @@ struct Shared {
     endpoint: Endpoint,
     listen: SocketAddr,
     identity: NodeIdentity,
+    tls: TlsState,
     server_name: String,
     limits: Limits,
     counters: Counters,
@@ -488,8 +504,27 @@ impl Transport {
         config: TransportConfig,
     ) -> Result<(Self, mpsc::Receiver<Inbound>), TransportError> {
         check_limits(&config)?;
-        let identity = certs::verify_node_cert(&config.ca_pem, &config.cert_pem, &config.region)?;
-        let (server, client) = tls_configs(&config)?;
+        let tls = match &config.tls {
+            Some(t) => {
+                if t.region() != &config.region {
+                    return Err(TransportError::Cert(CertError::WrongRegion {
+                        expected: config.region.clone(),
+                        found: Some(t.region().clone()),
+                    }));
+                }
+                t.clone()
+            }
+            None => TlsState::new(
+                &config.region,
+                &TlsMaterial {
+                    ca_pem: config.ca_pem.clone(),
+                    cert_pem: config.cert_pem.clone(),
+                    key_pem: config.key_pem.clone(),
+                },
+            )?,
+        };
+        let identity = tls.identity().clone();
+        let (server, client) = tls_configs(&config, &tls)?;
         let mut endpoint =
             Endpoint::server(server, config.listen).map_err(|source| TransportError::Bind {
                 addr: config.listen,
@@ -513,6 +548,7 @@ impl Transport {
             endpoint,
             listen,
             identity,
+            tls,
             server_name: certs::server_name(&config.region),
             limits: Limits {
                 max_connections: config.max_connections,
@@ -547,6 +583,33 @@ impl Transport {
     /// This node's identity, from its own certificate.
     pub fn identity(&self) -> &NodeIdentity {
         &self.shared.identity
+    }
+
+    /// The TLS material this transport presents and trusts; [`TlsState::reload`] on it
+    /// changes what new connections use.
+    pub fn tls(&self) -> &TlsState {
+        &self.shared.tls
+    }
+
+    /// The certificate the peer at `to` presented on the connection this transport currently
+    /// sends to it on (`None` without a live connection). A diagnostic: after a peer rotated
+    /// its certificate, an old connection still shows the old one.
+    pub fn peer_certificate(&self, to: SocketAddr) -> Option<CertInfo> {
+        let link = self
+            .shared
+            .cache
+            .lock()
+            .expect("cache lock")
+            .peers
+            .get(&to)?
+            .link
+            .clone();
+        let conn = link.current()?;
+        let certs = conn
+            .peer_identity()?
+            .downcast::<Vec<CertificateDer<'static>>>()
+            .ok()?;
+        CertInfo::from_der(certs.first()?).ok()
     }
 
     /// A snapshot of the counters.
@@ -656,28 +719,20 @@ fn check_limits(c: &TransportConfig) -> Result<(), TransportError> {
 
 fn tls_configs(
     config: &TransportConfig,
+    tls: &TlsState,
 ) -> Result<(quinn::ServerConfig, quinn::ClientConfig), TransportError> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = RootCertStore::empty();
-    for ca in certs::parse_certs(&config.ca_pem, "CA certificate")? {
-        roots.add(ca)?;
-    }
-    let roots = Arc::new(roots);
-    let chain = certs::parse_certs(&config.cert_pem, "node certificate")?;
-    let key = certs::parse_key(&config.key_pem, "node key")?;
-
-    let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
-        .build()
-        .map_err(|e| TransportError::Config(format!("client verifier: {e}")))?;
+    let provider = tls.provider();
+    let dynamic = tls.dynamic();
     let mut server = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(chain.clone(), key.clone_key())?;
+        .with_client_cert_verifier(dynamic.clone())
+        .with_cert_resolver(dynamic.clone());
     server.alpn_protocols = vec![ALPN.to_vec()];
     let mut client = rustls::ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_root_certificates(roots)
-        .with_client_auth_cert(chain, key)?;
+        .dangerous()
+        .with_custom_certificate_verifier(dynamic.clone())
+        .with_client_cert_resolver(dynamic);
     client.alpn_protocols = vec![ALPN.to_vec()];
 
     let transport = Arc::new(transport_config(config)?);

@@ -1,0 +1,328 @@
+//! Files that hold secrets: how shoal creates, replaces and loads them.
+//!
+//! | what | rule |
+//! |---|---|
+//! | a new private file | created with mode 0600 *by the `open` call* (`O_CREAT\|O_EXCL`, mode 0600): it never exists with a wider mode, not even for an instant |
+//! | replacing a file | the new content goes to a temp file created 0600 with `O_EXCL` next to it, is fsync'd, then renamed over the old one (a reader sees the old or the new file, never half of one) |
+//! | refusing to overwrite | [`Overwrite::Refuse`]: `O_EXCL` on the final path; an existing file is an [`KeyFileError::Exists`] naming it |
+//! | a directory we create | mode 0700 (every missing component, as `mkdir -p -m 700`) |
+//! | a directory that exists | never chmod'ed; a warning is logged when it is group/world writable ([`ensure_dir`], output dirs) or group/world accessible at all ([`ensure_private_dir`], data dirs holding keys) |
+//! | loading a private key | refused when the file is readable or writable by group or others, as OpenSSH refuses `id_*` keys with "UNPROTECTED PRIVATE KEY FILE" ([`read_private`]) |
+//!
+//! The owner of the file is not checked (OpenSSH does; here the file may belong to a deploy user
+//! and be read by a service user through group-less 0600 + ownership, which the mode check
+//! cannot see either way).
+
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// Mode of every private file shoal writes.
+pub const PRIVATE_FILE_MODE: u32 = 0o600;
+/// Mode of public files (certificates) shoal writes.
+pub const PUBLIC_FILE_MODE: u32 = 0o644;
+/// Mode of every directory shoal creates.
+pub const PRIVATE_DIR_MODE: u32 = 0o700;
+
+/// What to do when the destination exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overwrite {
+    /// Fail with [`KeyFileError::Exists`] (the default of `keygen` and `certs`).
+    Refuse,
+    /// Replace it atomically (`--force`).
+    Replace,
+}
+
+/// Why a secret file could not be written or loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyFileError {
+    /// Refused to overwrite an existing file.
+    #[error("{}: already exists, refusing to overwrite (pass --force to replace it)", path.display())]
+    Exists {
+        /// The existing file.
+        path: PathBuf,
+    },
+    /// A private key file is readable or writable by group or others.
+    #[error(
+        "{}: private key file has mode {mode:04o}, readable or writable by group or others; \
+         refusing to use it (run `chmod 600 {}`)",
+        path.display(),
+        path.display()
+    )]
+    TooOpen {
+        /// The file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// The file does not exist.
+    #[error("{}: file not found", path.display())]
+    NotFound {
+        /// The missing file.
+        path: PathBuf,
+    },
+    /// The operating system failed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+}
+
+impl KeyFileError {
+    fn io(path: &Path, source: io::Error) -> Self {
+        if source.kind() == io::ErrorKind::NotFound {
+            return Self::NotFound {
+                path: path.to_path_buf(),
+            };
+        }
+        Self::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+impl From<KeyFileError> for io::Error {
+    fn from(e: KeyFileError) -> Self {
+        let kind = match &e {
+            KeyFileError::Exists { .. } => io::ErrorKind::AlreadyExists,
+            KeyFileError::TooOpen { .. } => io::ErrorKind::PermissionDenied,
+            KeyFileError::NotFound { .. } => io::ErrorKind::NotFound,
+            KeyFileError::Io { source, .. } => source.kind(),
+        };
+        io::Error::new(kind, e.to_string())
+    }
+}
+
+/// Creates `dir` (and missing parents) with mode 0700 if it does not exist. An existing
+/// directory is left as it is; a warning is logged when group or others may write to it
+/// (they could replace a file in it). Use for output directories such as `--out .`.
+///
+/// # Errors
+/// [`KeyFileError::Io`] when the directory cannot be created, or the path is not a directory.
+pub fn ensure_dir(dir: &Path) -> Result<(), KeyFileError> {
+    ensure(dir, 0o022, "group/world-writable")
+}
+
+/// As [`ensure_dir`], for directories that hold private keys and state (the agent's and the
+/// authority's data directories): the warning is logged when group or others have *any*
+/// access to an existing directory.
+///
+/// # Errors
+/// [`KeyFileError::Io`].
+pub fn ensure_private_dir(dir: &Path) -> Result<(), KeyFileError> {
+    ensure(dir, 0o077, "accessible by group or others")
+}
+
+fn ensure(dir: &Path, warn_bits: u32, what: &str) -> Result<(), KeyFileError> {
+    if dir.as_os_str().is_empty() {
+        return Ok(());
+    }
+    match fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {
+            let mode = m.permissions().mode() & 0o7777;
+            if mode & warn_bits != 0 {
+                tracing::warn!(
+                    dir = %dir.display(),
+                    mode = format!("{mode:04o}"),
+                    "directory is {what}; it was not changed (run `chmod 700` on it)"
+                );
+            }
+            Ok(())
+        }
+        Ok(_) => Err(KeyFileError::Io {
+            path: dir.to_path_buf(),
+            source: io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "exists and is not a directory",
+            ),
+        }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => DirBuilder::new()
+            .recursive(true)
+            .mode(PRIVATE_DIR_MODE)
+            .create(dir)
+            .map_err(|e| KeyFileError::io(dir, e)),
+        Err(e) => Err(KeyFileError::io(dir, e)),
+    }
+}
+
+/// Writes a private file (mode 0600, created with that mode).
+///
+/// # Errors
+/// [`KeyFileError::Exists`] with [`Overwrite::Refuse`] when `path` exists; [`KeyFileError::Io`].
+pub fn write_private(path: &Path, bytes: &[u8], overwrite: Overwrite) -> Result<(), KeyFileError> {
+    write_file(path, bytes, PRIVATE_FILE_MODE, overwrite)
+}
+
+/// Writes `bytes` to `path` with `mode` (applied at creation). With [`Overwrite::Refuse`] the
+/// final path is opened with `O_EXCL`; with [`Overwrite::Replace`] see [`replace_atomic`].
+///
+/// # Errors
+/// [`KeyFileError::Exists`], [`KeyFileError::Io`].
+pub fn write_file(
+    path: &Path,
+    bytes: &[u8],
+    mode: u32,
+    overwrite: Overwrite,
+) -> Result<(), KeyFileError> {
+    match overwrite {
+        Overwrite::Replace => {
+            replace_atomic(path, bytes, mode).map_err(|e| KeyFileError::io(path, e))
+        }
+        Overwrite::Refuse => {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(mode)
+                .open(path)
+                .map_err(|e| {
+                    if e.kind() == io::ErrorKind::AlreadyExists {
+                        KeyFileError::Exists {
+                            path: path.to_path_buf(),
+                        }
+                    } else {
+                        KeyFileError::io(path, e)
+                    }
+                })?;
+            f.write_all(bytes).map_err(|e| KeyFileError::io(path, e))?;
+            f.sync_all().map_err(|e| KeyFileError::io(path, e))?;
+            sync_parent(path).map_err(|e| KeyFileError::io(path, e))
+        }
+    }
+}
+
+/// Replaces `path` atomically: `.<name>.tmp` next to it is created with `O_EXCL` and `mode`
+/// (a stale one from a crash is removed first), written, fsync'd, renamed over `path`, and the
+/// directory fsync'd. A reader sees the old or the new content, never a mix, and the new file
+/// never exists with a wider mode than `mode`.
+///
+/// # Errors
+/// Any IO error; the old file is then untouched.
+pub fn replace_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    let dir = parent(path);
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
+    let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
+    match fs::remove_file(&tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let written = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()
+    })();
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    fs::rename(&tmp, path)?;
+    sync_parent(path)
+}
+
+fn parent(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+fn sync_parent(path: &Path) -> io::Result<()> {
+    File::open(parent(path))?.sync_all()
+}
+
+/// Checks that a private key file is neither readable nor writable by group or others.
+///
+/// # Errors
+/// [`KeyFileError::TooOpen`]; [`KeyFileError::NotFound`] / [`KeyFileError::Io`].
+pub fn check_private(path: &Path) -> Result<(), KeyFileError> {
+    let mode = fs::metadata(path)
+        .map_err(|e| KeyFileError::io(path, e))?
+        .permissions()
+        .mode()
+        & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(KeyFileError::TooOpen {
+            path: path.to_path_buf(),
+            mode,
+        });
+    }
+    Ok(())
+}
+
+/// Reads a private key file after [`check_private`].
+///
+/// # Errors
+/// As [`check_private`], or the read fails.
+pub fn read_private(path: &Path) -> Result<Vec<u8>, KeyFileError> {
+    check_private(path)?;
+    fs::read(path).map_err(|e| KeyFileError::io(path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(p: &Path) -> u32 {
+        fs::metadata(p).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn private_files_are_0600_and_never_overwritten_unless_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("k");
+        write_private(&p, b"one", Overwrite::Refuse).unwrap();
+        assert_eq!(mode(&p), 0o600);
+        let err = write_private(&p, b"two", Overwrite::Refuse).unwrap_err();
+        assert!(matches!(err, KeyFileError::Exists { .. }), "{err}");
+        assert!(err.to_string().contains("--force"), "{err}");
+        assert_eq!(fs::read(&p).unwrap(), b"one");
+        // A stale temp file with a wide mode must not be reused.
+        let tmp = dir.path().join(".k.tmp");
+        fs::write(&tmp, b"stale").unwrap();
+        fs::set_permissions(&tmp, fs::Permissions::from_mode(0o666)).unwrap();
+        write_private(&p, b"two", Overwrite::Replace).unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"two");
+        assert_eq!(mode(&p), 0o600);
+        assert!(!tmp.exists());
+    }
+
+    #[test]
+    fn open_key_files_are_refused_and_dirs_created_0700() {
+        let dir = tempfile::tempdir().unwrap();
+        let nested = dir.path().join("a/b");
+        ensure_private_dir(&nested).unwrap();
+        assert_eq!(mode(&nested), 0o700);
+        assert_eq!(mode(&dir.path().join("a")), 0o700);
+        // An existing directory is not changed.
+        fs::set_permissions(&nested, fs::Permissions::from_mode(0o755)).unwrap();
+        ensure_private_dir(&nested).unwrap();
+        assert_eq!(mode(&nested), 0o755);
+        let p = nested.join("k");
+        write_private(&p, b"secret", Overwrite::Refuse).unwrap();
+        assert_eq!(read_private(&p).unwrap(), b"secret");
+        for bad in [0o640, 0o604, 0o660, 0o644] {
+            fs::set_permissions(&p, fs::Permissions::from_mode(bad)).unwrap();
+            let err = read_private(&p).unwrap_err();
+            assert!(
+                matches!(err, KeyFileError::TooOpen { mode, .. } if mode == bad),
+                "{err}"
+            );
+            assert!(err.to_string().contains("chmod 600"), "{err}");
+        }
+        assert!(matches!(
+            read_private(&nested.join("missing")),
+            Err(KeyFileError::NotFound { .. })
+        ));
+    }
+}
