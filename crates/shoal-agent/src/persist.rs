@@ -7,7 +7,7 @@
 //! * `members.json` — the last live members (node, address), used as extra join seeds.
 //!
 //! At boot [`load_snapshot`] tries `catalog.snap`, then `catalog.snap.1`; a file that fails any
-//! check is reported, counted and skipped, never installed (ARCHITECTURE invariant 7).
+//! check is reported, counted and skipped, never installed (invariant 7, docs/invariants.md).
 
 use std::fs;
 use std::io;

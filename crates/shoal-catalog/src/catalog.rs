@@ -7,7 +7,7 @@
 //! Merge is a per-key join (highest marker wins), so delivery order and duplicates never change
 //! the outcome. Two records with the *same* marker but different contents are a fault (two
 //! authorities signing different things under one revision, or a forged record): the catalog
-//! keeps what it has, reports [`MergeOutcome::Conflict`] and counts it (ARCHITECTURE invariant 3).
+//! keeps what it has, reports [`MergeOutcome::Conflict`] and counts it (invariant 3, docs/invariants.md).
 //!
 //! A newer generation supersedes everything of older generations: a health record is only
 //! accepted for the generation the lifecycle register holds, and replacing the lifecycle with a

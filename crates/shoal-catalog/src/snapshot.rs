@@ -17,7 +17,7 @@
 //! the postcard body (which must be consumed exactly), the record count and revision against
 //! the header, the region heads (GC floor <= contiguous <= max seen; the header revision is the
 //! home region's head), and finally every record's signature. Only when all pass is a [`Snapshot`]
-//! returned: a partial snapshot is never produced (ARCHITECTURE invariant 7).
+//! returned: a partial snapshot is never produced (invariant 7, docs/invariants.md).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

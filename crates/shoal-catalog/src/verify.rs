@@ -10,7 +10,7 @@ use shoal_proto::{
     Region, SignatureError, SignedHealth, SignedLifecycle, TrustedKeys, VerifyingKey,
 };
 
-/// Verifies signed records before they are merged (ARCHITECTURE invariant 4).
+/// Verifies signed records before they are merged (invariant 4, docs/invariants.md).
 ///
 /// A trait so a simulator can share one verification cache between thousands of simulated
 /// agents (each signature is checked once, with the same result); the agent uses [`Keyring`].

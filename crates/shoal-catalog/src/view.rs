@@ -1,7 +1,7 @@
 //! Routable views: what a caller may be handed for new traffic.
 //!
 //! **Routable = lifecycle READY and health passing and owner node not down and not locally
-//! ejected** (ARCHITECTURE invariant 5). Owner liveness and local ejections are *inputs* (from
+//! ejected** (invariant 5, docs/invariants.md). Owner liveness and local ejections are *inputs* (from
 //! SWIM and from the agent's passive outcome reports), never stored in the catalog, so a node's
 //! death changes every agent's view without a single per-instance message.
 

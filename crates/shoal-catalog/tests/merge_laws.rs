@@ -1,4 +1,4 @@
-//! Property tests for the merge laws (ARCHITECTURE invariants 1 and 2).
+//! Property tests for the merge laws (invariants 1 and 2, docs/invariants.md).
 //!
 //! A random but *consistent* history is generated (one authority assigning gap-free revisions,
 //! owners signing health with gap-free sequences), then delivered in random orders, with

@@ -1,4 +1,4 @@
-//! Snapshot encode/decode/install (ARCHITECTURE invariant 7: a torn, truncated or
+//! Snapshot encode/decode/install (invariant 7, docs/invariants.md: a torn, truncated or
 //! checksum-failing snapshot is never loaded, and replacement is atomic).
 //!
 //! Every corruption test asserts the *specific* `SnapshotError`; the property test at the end
