@@ -41,6 +41,15 @@ pub enum FileError {
         /// What did not match.
         what: String,
     },
+    /// The operation was refused to protect the data (a running replica holds the directory,
+    /// or it belongs to a cluster and the operator did not confirm); nothing was changed.
+    #[error("{path}: {what}")]
+    Busy {
+        /// The file or directory.
+        path: PathBuf,
+        /// Why, and what to do.
+        what: String,
+    },
     /// The payload could not be encoded or decoded.
     #[error("{path}: {what}")]
     Codec {

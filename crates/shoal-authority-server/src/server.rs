@@ -58,7 +58,9 @@ use tokio::sync::{mpsc, watch, Semaphore};
 use crate::config::AuthorityConfig;
 use crate::member::{self, MemberHandle, MemberSettings, MeshView};
 use crate::network::{Network, RaftRpc};
-use crate::storage::{Applied, LogStore, StateMachineStore, AUDIT_FILE};
+use crate::storage::{
+    self, Applied, DirLock, LogStore, StateMachineStore, AUDIT_FILE, SNAPSHOT_REQUEST_FILE,
+};
 use crate::types::{Proposal, Raft, RaftId};
 
 /// Capacity of the queue of applied records waiting to be published.
@@ -115,6 +117,8 @@ pub struct Replica {
     liveness_busy: AtomicBool,
     expire_busy: AtomicBool,
     member: Option<MemberHandle>,
+    /// The data directory's lock, held while the replica runs (restore refuses while held).
+    _lock: DirLock,
 }
 
 /// Most liveness commands proposed per reconciliation round.
@@ -218,6 +222,7 @@ impl Replica {
         let cert = read_pem_file(&cfg.cert)?;
         let key = read_pem_file(&cfg.key)?;
         let signing_key = cfg.load_signing_key()?;
+        let lock = storage::lock_data_dir(&cfg.data_dir).context("locking the data directory")?;
         let me = cfg.me().clone();
         let started = Instant::now();
 
@@ -327,6 +332,7 @@ impl Replica {
             liveness_busy: AtomicBool::new(false),
             expire_busy: AtomicBool::new(false),
             member: member.clone(),
+            _lock: lock,
         });
         tokio::spawn(replica.clone().serve_rpc(rpc_in));
         tokio::spawn(replica.clone().leader_duties());
@@ -384,10 +390,12 @@ impl Replica {
                 .get_node(&id)
                 .and_then(|n| n.node.parse().ok())
         };
-        let (revision, applied): (Revision, u64) = self
-            .sm
-            .with_state(|s| (s.head_revision(), s.last_applied_index()));
-        let _ = applied;
+        let (revision, cluster_id): (Revision, Option<String>) = self.sm.with_state(|s| {
+            (
+                s.head_revision(),
+                s.incarnation().map(|i| i.cluster_id.clone()),
+            )
+        });
         AuthorityStatus {
             node: self
                 .cfg
@@ -405,6 +413,7 @@ impl Replica {
                 .voter_ids()
                 .filter_map(node_of)
                 .collect(),
+            cluster_id,
         }
     }
 
@@ -652,6 +661,15 @@ impl Replica {
                     || m.millis_since_quorum_ack
                         .is_some_and(|ms| ms <= self.cfg.quorum_stale_ms));
             gauge!("shoal_authority_quorum").set(if quorum { 1.0 } else { 0.0 });
+            let request = self.cfg.data_dir.join(SNAPSHOT_REQUEST_FILE);
+            if request.exists() {
+                // An operator's `snapshot save` found no snapshot: build one now.
+                let _ = std::fs::remove_file(&request);
+                tracing::info!("snapshot requested by an operator");
+                if let Err(e) = self.snapshot_now().await {
+                    tracing::warn!(error = %e, "requested snapshot");
+                }
+            }
             if m.current_leader != last_leader {
                 if m.current_leader.is_some() {
                     counter!("shoal_authority_leader_changes_total").increment(1);

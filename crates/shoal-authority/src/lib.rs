@@ -63,6 +63,6 @@ pub use caller::{Caller, CallerId, Scope, MAX_SCOPES};
 pub use command::{ApplyContext, AuthorityCommand};
 pub use refusal::{InvalidRequest, Refusal};
 pub use state::{
-    AuthorityState, Binding, StateError, MAX_BINDINGS, MAX_DOWN_NODES, MAX_EXPIRE_BATCH,
-    MAX_LEASE_MS, MAX_POLICIES, MIN_LEASE_MS,
+    AuthorityState, Binding, Incarnation, StateError, MAX_BINDINGS, MAX_DOWN_NODES,
+    MAX_EXPIRE_BATCH, MAX_LEASE_MS, MAX_POLICIES, MIN_LEASE_MS,
 };

@@ -144,6 +144,26 @@ pub struct AuthorityState {
     lease_floor_ms: u64,
     policies: BTreeMap<ServiceKey, SignedPolicy>,
     audit: AuditLog,
+    /// Added to the Raft log index to form a registration's generation; raised by
+    /// [`AuthorityState::raise_floor`] when a backup starts a new cluster incarnation (whose
+    /// log indexes restart below generations the region already issued). 0 otherwise.
+    generation_offset: u64,
+    /// Set when this state was restored from a backup as a new cluster incarnation.
+    incarnation: Option<Incarnation>,
+}
+
+/// A cluster incarnation started by restoring a backup (see [`AuthorityState::raise_floor`]).
+/// Replicated with the state, so every replica (and one re-seeded by a Raft snapshot) reports
+/// the same one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Incarnation {
+    /// Operator-visible id of the incarnation (hex, chosen at the first restore and passed to
+    /// the restores of the other replicas).
+    pub cluster_id: String,
+    /// Every revision and generation issued by this incarnation is above this.
+    pub floor: u64,
+    /// Raft log index of the backup it was restored from (the snapshot's last log index).
+    pub restored_from_index: u64,
 }
 
 impl AuthorityState {
@@ -165,7 +185,55 @@ impl AuthorityState {
             lease_floor_ms: 0,
             policies: BTreeMap::new(),
             audit: AuditLog::new(audit_capacity),
+            generation_offset: 0,
+            incarnation: None,
         }
+    }
+
+    /// Raises every counter the region's agents order by above `floor`, for a state restored
+    /// from a backup into a new cluster incarnation (`shoal authority snapshot restore`,
+    /// docs/adr/0007-authority-restore.md): the next lifecycle revision, the next policy
+    /// revision and the next generation (log index + offset) all become `> floor`. Counters
+    /// already above it are kept, so raising twice with the same floor is a no-op.
+    ///
+    /// `floor` must be at least every revision and generation the region issued before the
+    /// disaster (agents hold them and treat anything lower or equal as stale or duplicate).
+    ///
+    /// Records the new incarnation (`cluster_id`, `floor`). Applying the same floor and id to
+    /// the same backup gives byte-identical states, which is what lets every replica of the
+    /// new cluster be restored from the same file.
+    ///
+    /// # Errors
+    /// [`StateError::Invariant`] when `floor` is so close to `u64::MAX` that counters above it
+    /// could overflow (more than `u64::MAX - 2^62`); nothing is changed then.
+    pub fn raise_floor(&mut self, floor: u64, cluster_id: String) -> Result<(), StateError> {
+        if floor > u64::MAX - (1 << 62) {
+            return Err(StateError::Invariant(
+                "revision floor too close to u64::MAX",
+            ));
+        }
+        self.incarnation = Some(Incarnation {
+            cluster_id,
+            floor,
+            restored_from_index: self.last_applied_index,
+        });
+        let above = Revision(floor + 1);
+        self.next_revision = self.next_revision.max(above);
+        self.next_policy_revision = self.next_policy_revision.max(above);
+        let offset = floor.saturating_sub(self.last_applied_index);
+        self.generation_offset = self.generation_offset.max(offset);
+        Ok(())
+    }
+
+    /// The incarnation this state was restored as, if it was restored from a backup.
+    pub fn incarnation(&self) -> Option<&Incarnation> {
+        self.incarnation.as_ref()
+    }
+
+    /// The generation the next registration would get at Raft log index `log_index`
+    /// (`log_index` plus the offset set by [`AuthorityState::raise_floor`]).
+    pub fn generation_at(&self, log_index: u64) -> Generation {
+        Generation(log_index.saturating_add(self.generation_offset))
     }
 
     // ---- getters -------------------------------------------------------------------------
@@ -337,7 +405,7 @@ impl AuthorityState {
                     endpoint,
                     lease_ms,
                 };
-                let planned = self.plan_register(req, Generation(ctx.log_index))?;
+                let planned = self.plan_register(req, self.generation_at(ctx.log_index))?;
                 Ok((self.emit(vec![planned], ctx), None))
             }
             AuthorityCommand::Transition {
@@ -678,7 +746,7 @@ impl AuthorityState {
             if rec.revision >= self.next_revision || !revisions.insert(rec.revision) {
                 return fail("binding revision not below next or not unique");
             }
-            if rec.generation.0 > self.last_applied_index {
+            if rec.generation > self.generation_at(self.last_applied_index) {
                 return fail("generation newer than the last applied index");
             }
         }
