@@ -152,6 +152,7 @@ pub async fn run(cmd: AuthorityCmd) -> anyhow::Result<()> {
                         "applied_index": s.applied_index,
                         "revision": s.revision.0,
                         "members": s.members.iter().map(|m| m.as_str().to_string()).collect::<Vec<_>>(),
+                        "cluster_id": s.cluster_id,
                     });
                     println!("{json}");
                 }
