@@ -128,6 +128,21 @@ pub fn write_atomic(path: &Path, payload: &[u8]) -> Result<(), FileError> {
     sync_dir(path)
 }
 
+/// Atomically replaces `path` with `bytes` as they are (no frame): temp file, fsync, rename,
+/// fsync dir. For small human-readable files (the cluster id).
+///
+/// # Errors
+/// [`FileError::Io`]; the old file is untouched then.
+pub fn write_plain_atomic(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
+    let tmp = path.with_extension("tmp");
+    let mut f = File::create(&tmp).map_err(|e| FileError::io(&tmp, e))?;
+    f.write_all(bytes).map_err(|e| FileError::io(&tmp, e))?;
+    f.sync_all().map_err(|e| FileError::io(&tmp, e))?;
+    drop(f);
+    fs::rename(&tmp, path).map_err(|e| FileError::io(path, e))?;
+    sync_dir(path)
+}
+
 /// Reads a framed file; `Ok(None)` when it does not exist.
 ///
 /// # Errors

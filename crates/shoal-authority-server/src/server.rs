@@ -279,6 +279,15 @@ impl Replica {
         let (rpc_t, rpc_in) =
             Transport::bind(transport_config(&cfg, me.rpc_addr, &ca, &cert, &key))?;
         let raft_rpc = RaftRpc::new(raft_t);
+        let (sm_view, log_view) = (sm.clone(), log.clone());
+        raft_rpc.set_cluster_source(
+            Box::new(move || {
+                let (id, sm_pristine) = sm_view.cluster_tag();
+                let log_pristine = log_view.last_index().is_none() && log_view.vote().is_none();
+                (id, sm_pristine && log_pristine)
+            }),
+            &cfg.data_dir,
+        );
 
         let raft_config = openraft::Config {
             cluster_name: format!("shoal-{}", cfg.region),

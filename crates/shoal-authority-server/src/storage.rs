@@ -473,6 +473,14 @@ impl StateMachineStore {
         self.inner.lock().expect("sm lock").applied_dropped
     }
 
+    /// The cluster incarnation id of the applied state (`None`: never restored) and whether
+    /// the state machine is pristine (nothing applied, no snapshot).
+    pub fn cluster_tag(&self) -> (Option<String>, bool) {
+        let g = self.inner.lock().expect("sm lock");
+        let id = g.state.incarnation().map(|i| i.cluster_id.clone());
+        (id, g.last_applied.is_none() && g.snapshot.is_none())
+    }
+
     /// The last applied log id.
     pub fn last_applied(&self) -> Option<LogId> {
         self.inner.lock().expect("sm lock").last_applied
@@ -905,11 +913,18 @@ pub fn restore_snapshot(
         Some(id) => id.clone(),
         None => random_cluster_id(),
     };
-    let existing: Vec<String> = [LOG_FILE, VOTE_FILE, PURGED_FILE, SNAPSHOT_FILE, AUDIT_FILE]
-        .iter()
-        .filter(|f| data_dir.join(f).exists())
-        .map(|f| (*f).to_string())
-        .collect();
+    let existing: Vec<String> = [
+        LOG_FILE,
+        VOTE_FILE,
+        PURGED_FILE,
+        SNAPSHOT_FILE,
+        AUDIT_FILE,
+        crate::network::CLUSTER_ID_FILE,
+    ]
+    .iter()
+    .filter(|f| data_dir.join(f).exists())
+    .map(|f| (*f).to_string())
+    .collect();
     let belongs = existing
         .iter()
         .any(|f| f == LOG_FILE || f == VOTE_FILE || f == SNAPSHOT_FILE);
@@ -974,6 +989,10 @@ pub fn restore_snapshot(
         files::write_atomic(&data_dir.join(PURGED_FILE), &enc(&last))?;
     }
     files::write_atomic(&vote_path, &enc(&Vote::new(term, 0)))?;
+    files::write_plain_atomic(
+        &data_dir.join(crate::network::CLUSTER_ID_FILE),
+        cluster_id.as_bytes(),
+    )?;
     let audit = data_dir.join(AUDIT_FILE);
     let header = serde_json::json!({
         "restored": {

@@ -482,6 +482,12 @@ fn restore_starts_a_new_cluster_above_every_acknowledged_revision() {
         "--force-new-cluster",
     ]);
     assert!(ok, "{out} {err}");
+    let backup_index: u64 = out
+        .split("log index ")
+        .nth(1)
+        .and_then(|t| t.split(')').next())
+        .and_then(|t| t.parse().ok())
+        .unwrap();
     let cluster_id = out
         .split("as new cluster ")
         .nth(1)
@@ -494,31 +500,30 @@ fn restore_starts_a_new_cluster_above_every_acknowledged_revision() {
             .exists(),
         "the old log is moved aside, not deleted"
     );
-    for i in 1..3 {
-        let dd = data_dir(&r, i);
-        let (ok, out, err) = snapshot_cmd(&[
-            "restore",
-            backup.to_str().unwrap(),
-            "--data-dir",
-            dd.to_str().unwrap(),
-            "--floor",
-            &floor_s,
-            "--cluster-id",
-            &cluster_id,
-            "--force-new-cluster",
-        ]);
-        assert!(ok, "{out} {err}");
-    }
+    // auth-2 is seeded the same way; auth-3 is left out for now, with the old incarnation's
+    // longer log: it must not disturb the new cluster.
+    let dd1 = data_dir(&r, 1);
+    let (ok, out, err) = snapshot_cmd(&[
+        "restore",
+        backup.to_str().unwrap(),
+        "--data-dir",
+        dd1.to_str().unwrap(),
+        "--floor",
+        &floor_s,
+        "--cluster-id",
+        &cluster_id,
+        "--force-new-cluster",
+    ]);
+    assert!(ok, "{out} {err}");
     for au in &mut r.auths {
         au.start();
     }
-    for i in 0..3 {
+    for i in 0..2 {
         eventually(WAIT, &format!("auth-{} in the new cluster", i + 1), || {
             let v = status_json(&r, i)?;
             (v["cluster_id"] == cluster_id.as_str() && v["leader"].is_string()).then_some(())
         });
     }
-
     // New writes after the restore are above everything acknowledged before, and the agents
     // that hold the pre-restore records apply them.
     let d2 = transition(b, "web-2", "drain");
@@ -556,15 +561,61 @@ fn restore_starts_a_new_cluster_above_every_acknowledged_revision() {
         );
     }
 
+    // The left-out replica stayed in the old incarnation and its calls were refused.
+    let v3 = status_json(&r, 2).unwrap();
+    assert!(v3["cluster_id"].is_null(), "{v3}");
+    assert!(v3["revision"].as_u64().unwrap() <= held_rev, "{v3}");
+    eventually(
+        WAIT,
+        "a new replica refused the old incarnation's calls",
+        || {
+            let logs: String = r.auths[..2]
+                .iter()
+                .map(|a| std::fs::read_to_string(&a.log).unwrap_or_default())
+                .collect();
+            logs.contains("another cluster incarnation").then_some(())
+        },
+    );
+
+    // Re-seed it by wiping: a pristine replica joins and installs the new cluster's snapshot.
+    r.auths[2].kill9();
+    let dd2 = data_dir(&r, 2);
+    std::fs::remove_dir_all(&dd2).unwrap();
+    r.auths[2].start();
+    eventually(WAIT, "auth-3 re-seeded into the new cluster", || {
+        let v = status_json(&r, 2)?;
+        (v["cluster_id"] == cluster_id.as_str() && v["revision"].as_u64()? >= rev2).then_some(())
+    });
+
     // Audit: in the new incarnation's audit.log every applied index appears once; the old
-    // cluster's lines moved aside with its log.
+    // cluster's lines moved aside with its log. auth-3 got the entries it never applied
+    // from the installed snapshot's audit ring.
     for i in 0..3 {
         let dd = data_dir(&r, i);
         let idx = audited_indexes(&dd);
         assert!(!idx.is_empty(), "auth-{} audited the new writes", i + 1);
         assert_each_once(&format!("auth-{}", i + 1), &idx);
-        let text = std::fs::read_to_string(dd.join("audit.log")).unwrap();
-        assert!(text.starts_with("{\"restored\""), "{text}");
+        if i < 2 {
+            let text = std::fs::read_to_string(dd.join("audit.log")).unwrap();
+            assert!(text.starts_with("{\"restored\""), "{text}");
+        }
+    }
+    let leader_idx = audited_indexes(&dd0);
+    let seeded_idx = audited_indexes(&dd2);
+    for i in &leader_idx {
+        assert!(
+            seeded_idx.contains(i),
+            "auth-3 lacks audit index {i}: {seeded_idx:?}"
+        );
+    }
+    assert!(
+        seeded_idx.iter().any(|&i| i <= backup_index),
+        "auth-3 audited the entries of the snapshot it installed (<= {backup_index}): {seeded_idx:?}"
+    );
+    for a in &r.auths {
+        let t = std::fs::read_to_string(&a.log).unwrap_or_default();
+        let bad: Vec<&str> = t.lines().filter(|l| l.contains("panicked")).collect();
+        assert!(bad.is_empty(), "{}: {bad:?}", a.name);
     }
     eprintln!("restore test took {:?}", started.elapsed());
 }
