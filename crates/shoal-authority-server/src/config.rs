@@ -93,6 +93,11 @@ pub struct AuthorityConfig {
     /// Period of the lease safety-net check on the leader, ms.
     #[serde(default = "d_expire_interval")]
     pub expire_interval_ms: u64,
+    /// While any node is down, the leader checkpoints lease downtime into the log at least
+    /// this often, ms (docs/adr/0008-lease-checkpoints.md). What a leader change can forget
+    /// of a node reported down after the latest checkpoint is bounded by it.
+    #[serde(default = "d_lease_checkpoint")]
+    pub lease_checkpoint_ms: u64,
     /// Build a snapshot (and compact the log) every this many entries.
     #[serde(default = "d_snapshot_every")]
     pub snapshot_every_logs: u64,
@@ -190,11 +195,18 @@ fn d_max_down_percent() -> u8 {
     50
 }
 
+// Raft timing for a loaded 2-core host (docs/adr/0008-lease-checkpoints.md): heartbeats every
+// 250 ms; a follower waits 1.5-3 s without one before it campaigns, i.e. six missed
+// heartbeats. At 100/500 ms a tokio worker or an fsync stalled for ~0.5 s by other builds on
+// the same two cores was enough for an election (issue 14: 17 elections for 6 kills).
 fn d_heartbeat() -> u64 {
-    100
+    250
 }
 fn d_election() -> u64 {
-    500
+    1_500
+}
+fn d_lease_checkpoint() -> u64 {
+    2_000
 }
 fn d_write_timeout() -> u64 {
     2_000
@@ -254,6 +266,9 @@ impl AuthorityConfig {
         }
         if self.heartbeat_ms == 0 || self.election_timeout_ms <= self.heartbeat_ms * 2 {
             bail!("election_timeout_ms must exceed twice heartbeat_ms");
+        }
+        if self.lease_checkpoint_ms < self.expire_interval_ms {
+            bail!("lease_checkpoint_ms must be at least expire_interval_ms");
         }
         if self.mesh.cluster_size == 0 || self.mesh.max_down_percent > 100 {
             bail!("[mesh]: cluster_size must be >= 1 and max_down_percent <= 100");

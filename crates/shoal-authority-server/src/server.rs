@@ -116,6 +116,8 @@ pub struct Replica {
     takeover_done: AtomicU64,
     liveness_busy: AtomicBool,
     expire_busy: AtomicBool,
+    /// Monotonic ms of the last `ExpireLeases` proposal (the lease checkpoint cadence).
+    last_checkpoint_ms: AtomicU64,
     member: Option<MemberHandle>,
     /// The data directory's lock, held while the replica runs (restore refuses while held).
     _lock: DirLock,
@@ -340,6 +342,7 @@ impl Replica {
             takeover_done: AtomicU64::new(0),
             liveness_busy: AtomicBool::new(false),
             expire_busy: AtomicBool::new(false),
+            last_checkpoint_ms: AtomicU64::new(0),
             member: member.clone(),
             _lock: lock,
         });
@@ -690,12 +693,19 @@ impl Replica {
             }
             let term = m.current_term;
             if self.takeover_term.load(Ordering::Acquire) < term {
+                // Apply everything in the log first, so the lease credit refers to the latest
+                // checkpoint (a credit for an older one is ignored by the rules).
+                let applied = m.last_applied.map(|l| l.index);
+                if applied < m.last_log_index {
+                    continue;
+                }
                 self.takeover_term.store(term, Ordering::Release);
                 let this = self.clone();
                 tokio::spawn(async move {
                     let now_ms = this.mono_ms();
+                    let credit = Some(this.sm.lease_credit());
                     match this
-                        .write(AuthorityCommand::LeaderTakeover { now_ms })
+                        .write(AuthorityCommand::LeaderTakeover { now_ms, credit })
                         .await
                     {
                         Ok(_) => {
@@ -717,14 +727,27 @@ impl Replica {
             }
             self.reconcile_liveness();
             let now_ms = self.mono_ms();
-            let due = self
-                .sm
-                .with_state(|s| s.next_lease_deadline_ms().is_some_and(|d| d <= now_ms));
+            let (due, any_down) = self.sm.with_state(|s| {
+                (
+                    s.next_lease_deadline_ms().is_some_and(|d| d <= now_ms),
+                    s.down_nodes().next().is_some(),
+                )
+            });
+            // While nodes are down, an ExpireLeases every lease_checkpoint_ms is also the lease
+            // checkpoint a later leader resumes from (docs/adr/0008-lease-checkpoints.md).
+            let checkpoint_due = any_down
+                && now_ms.saturating_sub(self.last_checkpoint_ms.load(Ordering::Acquire))
+                    >= self.cfg.lease_checkpoint_ms;
+            let due = due || checkpoint_due;
             // One batch in flight at a time (the state is re-read after it applied).
             if due && !self.expire_busy.swap(true, Ordering::AcqRel) {
                 let this = self.clone();
+                this.last_checkpoint_ms.store(now_ms, Ordering::Release);
                 tokio::spawn(async move {
                     match this.write(AuthorityCommand::ExpireLeases { now_ms }).await {
+                        Ok(recs) if recs.is_empty() => {
+                            tracing::debug!("lease checkpoint committed")
+                        }
                         Ok(recs) => tracing::info!(expired = recs.len(), "lease safety net"),
                         Err(e) => tracing::warn!(error = %e, "expire leases not committed"),
                     }

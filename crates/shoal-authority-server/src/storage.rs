@@ -401,6 +401,9 @@ struct SmInner {
     audit_high_water: u64,
     applied_tx: Option<mpsc::Sender<Applied>>,
     applied_dropped: u64,
+    /// The state's lease checkpoint counter and when this replica applied it (or loaded it:
+    /// later than the real apply, so credits measured from it are never too large).
+    checkpoint_applied: (u64, std::time::Instant),
 }
 
 /// The authority state machine: [`AuthorityState`] driven by committed entries, plus the
@@ -443,6 +446,7 @@ impl StateMachineStore {
             .append(true)
             .open(&audit_path)
             .map_err(|e| FileError::io(&audit_path, e))?;
+        let checkpoint = state.lease_checkpoint();
         let (last_applied, last_membership) = match &snapshot {
             Some(s) => (s.meta.last_log_id, s.meta.last_membership.clone()),
             None => (None, StoredMembership::default()),
@@ -459,6 +463,7 @@ impl StateMachineStore {
                 audit_high_water,
                 applied_tx,
                 applied_dropped: 0,
+                checkpoint_applied: (checkpoint, std::time::Instant::now()),
             })),
         })
     }
@@ -479,6 +484,17 @@ impl StateMachineStore {
         let g = self.inner.lock().expect("sm lock");
         let id = g.state.incarnation().map(|i| i.cluster_id.clone());
         (id, g.last_applied.is_none() && g.snapshot.is_none())
+    }
+
+    /// The latest lease checkpoint this replica applied and how long ago, on this process's
+    /// monotonic clock (what a new leader credits in its `LeaderTakeover`).
+    pub fn lease_credit(&self) -> shoal_authority::LeaseCredit {
+        let g = self.inner.lock().expect("sm lock");
+        let (checkpoint, at) = g.checkpoint_applied;
+        shoal_authority::LeaseCredit {
+            checkpoint,
+            elapsed_ms: at.elapsed().as_millis() as u64,
+        }
     }
 
     /// The last applied log id.
@@ -519,11 +535,19 @@ impl SmInner {
             signing_key: &self.signing_key,
         };
         let out = self.state.apply(proposal.cmd, ctx);
+        self.note_checkpoint();
         self.write_audit(before, entry.log_id.index);
         if let Ok(records) = &out {
             self.publish(entry.log_id.index, records);
         }
         out
+    }
+
+    fn note_checkpoint(&mut self) {
+        let cp = self.state.lease_checkpoint();
+        if cp != self.checkpoint_applied.0 {
+            self.checkpoint_applied = (cp, std::time::Instant::now());
+        }
     }
 
     fn write_audit(&mut self, total_before: u64, log_index: u64) {
@@ -693,6 +717,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         g.last_applied = meta.last_log_id;
         g.last_membership = meta.last_membership.clone();
         g.audit_snapshot_entries(meta.last_log_id.map_or(0, |l| l.index));
+        g.note_checkpoint();
         g.snapshot = Some(snap);
         Ok(())
     }

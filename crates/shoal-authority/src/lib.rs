@@ -60,7 +60,7 @@ mod tests;
 
 pub use audit::{AuditEntry, AuditLog, AuditOutcome, CommandSummary, DEFAULT_AUDIT_CAPACITY};
 pub use caller::{Caller, CallerId, Scope, MAX_SCOPES};
-pub use command::{ApplyContext, AuthorityCommand};
+pub use command::{ApplyContext, AuthorityCommand, LeaseCredit};
 pub use refusal::{InvalidRequest, Refusal};
 pub use state::{
     AuthorityState, Binding, Incarnation, StateError, MAX_BINDINGS, MAX_DOWN_NODES,

@@ -20,8 +20,11 @@ fn busy() -> Harness {
         at_ms: 7,
     })
     .unwrap();
-    h.apply(AuthorityCommand::LeaderTakeover { now_ms: 70 })
-        .unwrap();
+    h.apply(AuthorityCommand::LeaderTakeover {
+        now_ms: 70,
+        credit: None,
+    })
+    .unwrap();
     h.apply(AuthorityCommand::PutPolicy {
         caller: Caller::Operator,
         key: h.fx.key.clone(),
