@@ -20,8 +20,8 @@
 //! [[members]]
 //! id = 1
 //! node = "auth-1"
-//! raft_addr = "10.0.0.1:7101"             # replica <-> replica (Raft)
-//! rpc_addr = "10.0.0.1:7100"              # agents -> authority RPC
+//! raft_addr = "10.0.0.1:7101"             # replica <-> replica (Raft); IP or DNS name
+//! rpc_addr = "10.0.0.1:7100"              # agents -> authority RPC; e.g. "auth-0.auth.shoal.svc:7100"
 //! # ... 3 or 5 members
 //! ```
 
@@ -46,10 +46,42 @@ pub struct MemberConfig {
     pub id: RaftId,
     /// Shoal node id in the replica's certificate.
     pub node: String,
-    /// Raft transport address.
-    pub raft_addr: SocketAddr,
-    /// Agent RPC address.
-    pub rpc_addr: SocketAddr,
+    /// Raft transport address, `host:port`: an IP or a DNS name (e.g. a StatefulSet's
+    /// `auth-0.auth.shoal.svc:7951`). Peers resolve it at connect time; this replica binds
+    /// the address its own entry resolves to at start.
+    pub raft_addr: String,
+    /// Agent RPC address, `host:port` (IP or DNS name). Handed to agents in `NotLeader`
+    /// answers; they resolve it at connect time.
+    pub rpc_addr: String,
+}
+
+/// Resolves `host:port` (an IP address or a DNS name) to its first socket address.
+///
+/// # Errors
+/// Not `host:port`, or the name does not resolve.
+pub fn resolve_now(addr: &str) -> anyhow::Result<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    if let Ok(a) = addr.parse() {
+        return Ok(a);
+    }
+    addr.to_socket_addrs()
+        .with_context(|| format!("resolving {addr:?} (expected host:port)"))?
+        .next()
+        .with_context(|| format!("{addr:?} resolves to no address"))
+}
+
+/// Checks that `addr` has the form `host:port` (without resolving it).
+fn check_host_port(what: &str, addr: &str) -> anyhow::Result<()> {
+    if addr.parse::<SocketAddr>().is_ok() {
+        return Ok(());
+    }
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        bail!("{what} {addr:?}: expected host:port");
+    };
+    if host.is_empty() || port.parse::<u16>().is_err() || host.contains(['/', ' ']) {
+        bail!("{what} {addr:?}: expected host:port (an IP address or a DNS name)");
+    }
+    Ok(())
 }
 
 /// A replica's configuration (see the module docs for the file format).
@@ -260,6 +292,8 @@ impl AuthorityConfig {
             if !nodes.insert(m.node.clone()) {
                 bail!("members: node {} repeated", m.node);
             }
+            check_host_port("members[].raft_addr", &m.raft_addr)?;
+            check_host_port("members[].rpc_addr", &m.rpc_addr)?;
         }
         if !ids.contains(&self.id) {
             bail!("id {} is not one of the members", self.id);
@@ -296,8 +330,8 @@ impl AuthorityConfig {
                     m.id,
                     Member {
                         node: m.node.clone(),
-                        raft_addr: m.raft_addr.to_string(),
-                        rpc_addr: m.rpc_addr.to_string(),
+                        raft_addr: m.raft_addr.clone(),
+                        rpc_addr: m.rpc_addr.clone(),
                     },
                 )
             })
@@ -366,4 +400,61 @@ pub fn from_hex(s: &str) -> Option<Vec<u8>> {
         .step_by(2)
         .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_may_be_dns_names_and_are_checked_for_host_port() {
+        for ok in [
+            "10.0.0.1:7100",
+            "[::1]:7100",
+            "auth-0.auth.shoal.svc:7950",
+            "localhost:1",
+        ] {
+            check_host_port("x", ok).unwrap();
+        }
+        for bad in [
+            "auth-0",
+            "auth-0:",
+            ":7100",
+            "auth-0:http",
+            "a b:1",
+            "10.0.0.1",
+        ] {
+            assert!(check_host_port("x", bad).is_err(), "{bad} accepted");
+        }
+        let a = resolve_now("localhost:7100").unwrap();
+        assert!(a.ip().is_loopback() && a.port() == 7100, "{a}");
+        assert!(resolve_now("no-such-host.invalid:1").is_err());
+    }
+
+    #[test]
+    fn a_config_with_dns_member_addresses_validates() {
+        let text = r#"
+id = 1
+region = "dev"
+data_dir = "/tmp/x"
+ca = "ca.pem"
+cert = "c.pem"
+key = "k.pem"
+signing_key = "s.key"
+[[members]]
+id = 1
+node = "auth-0"
+raft_addr = "auth-0.auth.shoal.svc:7951"
+rpc_addr = "auth-0.auth.shoal.svc:7950"
+"#;
+        let cfg: AuthorityConfig = toml::from_str(text).unwrap();
+        cfg.validate().unwrap();
+        assert_eq!(
+            cfg.raft_members()[&1].rpc_addr,
+            "auth-0.auth.shoal.svc:7950"
+        );
+        let bad = text.replace("auth-0.auth.shoal.svc:7951", "auth-0.auth.shoal.svc");
+        let cfg: AuthorityConfig = toml::from_str(&bad).unwrap();
+        assert!(cfg.validate().is_err());
+    }
 }

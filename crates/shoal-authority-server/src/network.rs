@@ -112,6 +112,9 @@ pub enum CallError {
     /// The message could not be sent (queue full, shut down, too large).
     #[error("raft rpc to {0} not sent: {1}")]
     Send(SocketAddr, String),
+    /// The peer's `host:port` did not resolve.
+    #[error("raft peer {0} does not resolve: {1}")]
+    Resolve(String, String),
     /// Too many calls in flight.
     #[error("too many raft calls in flight")]
     TooManyPending,
@@ -328,7 +331,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             rpc: self.rpc.clone(),
             target,
             node: node.clone(),
-            addr: node.raft_addr.parse().ok(),
+            addr: Mutex::new(None),
         }
     }
 }
@@ -339,7 +342,35 @@ pub struct RaftClient {
     rpc: Arc<RaftRpc>,
     target: RaftId,
     node: Member,
-    addr: Option<SocketAddr>,
+    /// `node.raft_addr` resolved, and when (re-resolved after [`RESOLVE_TTL`] or a failure).
+    addr: Mutex<Option<(SocketAddr, std::time::Instant)>>,
+}
+
+/// How long a resolved peer address is reused before `raft_addr` is resolved again (a
+/// StatefulSet pod that is rescheduled keeps its name and gets a new IP).
+pub const RESOLVE_TTL: Duration = Duration::from_secs(5);
+
+impl RaftClient {
+    /// The peer's address: `raft_addr` parsed, or resolved by DNS at connect time (cached
+    /// for [`RESOLVE_TTL`]).
+    async fn resolve(&self) -> Result<SocketAddr, CallError> {
+        if let Ok(a) = self.node.raft_addr.parse() {
+            return Ok(a);
+        }
+        if let Some((a, at)) = *self.addr.lock().expect("addr lock") {
+            if at.elapsed() < RESOLVE_TTL {
+                return Ok(a);
+            }
+        }
+        let unresolved = |why: String| CallError::Resolve(self.node.raft_addr.clone(), why);
+        let a = tokio::net::lookup_host(self.node.raft_addr.as_str())
+            .await
+            .map_err(|e| unresolved(e.to_string()))?
+            .next()
+            .ok_or_else(|| unresolved("no address".into()))?;
+        *self.addr.lock().expect("addr lock") = Some((a, std::time::Instant::now()));
+        Ok(a)
+    }
 }
 
 type RpcErr<E = openraft::error::Infallible> = RPCError<RaftId, Member, RaftError<RaftId, E>>;
@@ -350,14 +381,15 @@ impl RaftClient {
         req: RaftRequest,
         option: &RPCOption,
     ) -> Result<RaftResponse, RpcErr<E>> {
-        let Some(addr) = self.addr else {
-            let e = CallError::Send(([0, 0, 0, 0], 0).into(), self.node.raft_addr.clone());
-            return Err(RPCError::Network(NetworkError::new(&e)));
-        };
-        self.rpc
-            .call(addr, req, option.hard_ttl())
+        let addr = self
+            .resolve()
             .await
-            .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))
+            .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
+        let res = self.rpc.call(addr, req, option.hard_ttl()).await;
+        if res.is_err() {
+            *self.addr.lock().expect("addr lock") = None; // resolve again next time
+        }
+        res.map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))
     }
 
     fn remote<E: std::error::Error>(&self, e: RaftError<RaftId, E>) -> RpcErr<E> {

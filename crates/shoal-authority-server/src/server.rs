@@ -269,8 +269,13 @@ impl Replica {
         )
         .context("opening the state machine")?;
 
-        let (raft_t, raft_in) =
-            Transport::bind(transport_config(&cfg, me.raft_addr, &ca, &cert, &key))?;
+        let (raft_t, raft_in) = Transport::bind(transport_config(
+            &cfg,
+            crate::config::resolve_now(&me.raft_addr)?,
+            &ca,
+            &cert,
+            &key,
+        ))?;
         if raft_t.identity().node_id.as_str() != me.node {
             anyhow::bail!(
                 "certificate node id {} does not match members[].node {}",
@@ -278,8 +283,13 @@ impl Replica {
                 me.node
             );
         }
-        let (rpc_t, rpc_in) =
-            Transport::bind(transport_config(&cfg, me.rpc_addr, &ca, &cert, &key))?;
+        let (rpc_t, rpc_in) = Transport::bind(transport_config(
+            &cfg,
+            crate::config::resolve_now(&me.rpc_addr)?,
+            &ca,
+            &cert,
+            &key,
+        ))?;
         let raft_rpc = RaftRpc::new(raft_t);
         let (sm_view, log_view) = (sm.clone(), log.clone());
         raft_rpc.set_cluster_source(
