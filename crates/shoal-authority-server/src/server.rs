@@ -118,6 +118,8 @@ pub struct Replica {
     expire_busy: AtomicBool,
     /// Monotonic ms of the last `ExpireLeases` proposal (the lease checkpoint cadence).
     last_checkpoint_ms: AtomicU64,
+    /// The term this replica last saw itself leader of, and since when.
+    leader_since: std::sync::Mutex<Option<(u64, Instant)>>,
     member: Option<MemberHandle>,
     /// The data directory's lock, held while the replica runs (restore refuses while held).
     _lock: DirLock,
@@ -353,6 +355,7 @@ impl Replica {
             liveness_busy: AtomicBool::new(false),
             expire_busy: AtomicBool::new(false),
             last_checkpoint_ms: AtomicU64::new(0),
+            leader_since: std::sync::Mutex::new(None),
             member: member.clone(),
             _lock: lock,
         });
@@ -704,9 +707,24 @@ impl Replica {
             let term = m.current_term;
             if self.takeover_term.load(Ordering::Acquire) < term {
                 // Apply everything in the log first, so the lease credit refers to the latest
-                // checkpoint (a credit for an older one is ignored by the rules).
+                // checkpoint (a credit for an older one is ignored by the rules), but wait at
+                // most one election timeout: a leader that restarted into its old term has
+                // nothing committed until it proposes, and its takeover commits the rest.
                 let applied = m.last_applied.map(|l| l.index);
-                if applied < m.last_log_index {
+                let since = *self
+                    .leader_since
+                    .lock()
+                    .expect("leader_since")
+                    .get_or_insert((term, Instant::now()));
+                let waited = if since.0 == term {
+                    since.1.elapsed()
+                } else {
+                    *self.leader_since.lock().expect("leader_since") = Some((term, Instant::now()));
+                    Duration::ZERO
+                };
+                if applied < m.last_log_index
+                    && waited < Duration::from_millis(self.cfg.election_timeout_ms)
+                {
                     continue;
                 }
                 self.takeover_term.store(term, Ordering::Release);

@@ -1,8 +1,11 @@
-//! Cross-process test of disaster recovery (issue 14 item 1, docs/adr/0007-authority-restore.md):
-//! three `shoal authority run` replicas and two agents, `snapshot save` on a young cluster,
-//! acknowledged writes after the backup, every replica stopped, the backup restored as a new
-//! cluster incarnation. The harness is the one of `authority_cluster.rs` (trimmed). Every wait
-//! polls with a bounded deadline; no fixed sleeps.
+//! Cross-process fault tests of the region authority (issue 14), three `shoal authority run`
+//! replicas and real agents; the harness is the one of `authority_cluster.rs` (trimmed).
+//! - disaster recovery (docs/adr/0007-authority-restore.md): `snapshot save` on a young
+//!   cluster, acknowledged writes after the backup, every replica stopped, the backup restored
+//!   as a new cluster incarnation;
+//! - leases under leader churn (docs/adr/0008-lease-checkpoints.md): an owner killed, the
+//!   leader killed every lease/3.
+//! Every wait polls with a bounded deadline; no fixed sleeps.
 
 mod common;
 
@@ -618,4 +621,78 @@ fn restore_starts_a_new_cluster_above_every_acknowledged_revision() {
         assert!(bad.is_empty(), "{}: {bad:?}", a.name);
     }
     eprintln!("restore test took {:?}", started.elapsed());
+}
+
+/// Kill an owner node, then kill the authority leader every lease/3 (restarting the one killed
+/// before, so a quorum stays) for three leases: the dead node's instance is EXPIRED within
+/// detection + lease + a bounded grace, not one lease after the last leader change.
+#[test]
+fn leader_churn_every_third_of_a_lease_does_not_postpone_expiry() {
+    const LEASE_MS: u64 = 9_000;
+    let mut r = Region3::new(65, 3);
+    r.start_all();
+    for a in &r.agents {
+        wait_members(a, 5);
+    }
+    register(&r.agents[1], "web-9", Some(LEASE_MS as u32));
+    transition(&r.agents[1], "web-9", "ready");
+    for a in &r.agents {
+        wait_state(a, "web-9", "READY");
+    }
+    let killed = Instant::now();
+    r.agents[1].kill9();
+    let mut kills = 0;
+    let mut next_kill = killed + Duration::from_millis(LEASE_MS / 3);
+    let churn_end = killed + Duration::from_millis(3 * LEASE_MS);
+    let give_up = killed + Duration::from_millis(6 * LEASE_MS);
+    let expired_after = loop {
+        let now = Instant::now();
+        assert!(now < give_up, "web-9 never expired ({kills} leader kills)");
+        let gone = endpoint_at(&r.agents[0], "web-9").is_none()
+            && r.agents[0].get(&format!("{SVC}/endpoints")).is_some();
+        if gone {
+            break killed.elapsed();
+        }
+        if now >= next_kill && now < churn_end {
+            next_kill += Duration::from_millis(LEASE_MS / 3);
+            // Bring back the replica killed last time (it rejoins as a follower), then kill
+            // the current leader: the next one is another replica, elected by the other two.
+            for a in r.auths.iter_mut().filter(|a| a.child.is_none()) {
+                a.start();
+            }
+            let leader =
+                (0..3).find_map(|i| status_json(&r, i)?["leader"].as_str().map(str::to_owned));
+            if let Some(name) = leader {
+                let i = r.auths.iter().position(|a| a.name == name).unwrap();
+                r.auths[i].kill9();
+                kills += 1;
+            }
+        }
+        std::thread::yield_now();
+    };
+    let takeovers: usize = r
+        .auths
+        .iter()
+        .map(|a| {
+            std::fs::read_to_string(&a.log)
+                .unwrap_or_default()
+                .matches("leader takeover committed")
+                .count()
+        })
+        .sum();
+    eprintln!(
+        "web-9 (lease {LEASE_MS} ms) expired {expired_after:?} after its node was killed; \
+         {kills} leader kills, {takeovers} takeovers committed"
+    );
+    assert!(
+        kills >= 2,
+        "the leader was churned during the lease ({kills} kills)"
+    );
+    // Detection, then the lease, then at most an election plus a checkpoint interval and the
+    // expiry cadence (test config: election 0.5-1 s, checkpoint 2 s), plus CI slack.
+    let bound = common::detection_bound() + Duration::from_millis(LEASE_MS + 1_000 + 2_000 + 3_000);
+    assert!(
+        expired_after <= bound,
+        "expired after {expired_after:?} > {bound:?} with {kills} leader kills"
+    );
 }
