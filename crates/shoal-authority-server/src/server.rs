@@ -63,6 +63,10 @@ use crate::storage::{
 };
 use crate::types::{Proposal, Raft, RaftId};
 
+/// Clock skew (ms) assumed between replicas' wall clocks when a new leader credits the time
+/// since the latest lease checkpoint by wall clock (NTP keeps hosts within a few ms).
+pub const LEASE_CREDIT_SKEW_MS: u64 = 250;
+
 /// Capacity of the queue of applied records waiting to be published.
 pub const APPLIED_QUEUE: usize = 4_096;
 
@@ -731,7 +735,11 @@ impl Replica {
                 let this = self.clone();
                 tokio::spawn(async move {
                     let now_ms = this.mono_ms();
-                    let credit = Some(this.sm.lease_credit());
+                    // Wall-clock part of the credit: assume replicas' clocks within
+                    // LEASE_CREDIT_SKEW_MS; cap it at a checkpoint interval plus two maximal
+                    // elections (docs/adr/0008-lease-checkpoints.md).
+                    let cap = this.cfg.lease_checkpoint_ms + 4 * this.cfg.election_timeout_ms;
+                    let credit = Some(this.sm.lease_credit(wall_ms(), LEASE_CREDIT_SKEW_MS, cap));
                     match this
                         .write(AuthorityCommand::LeaderTakeover { now_ms, credit })
                         .await

@@ -403,7 +403,9 @@ struct SmInner {
     applied_dropped: u64,
     /// The state's lease checkpoint counter and when this replica applied it (or loaded it:
     /// later than the real apply, so credits measured from it are never too large).
-    checkpoint_applied: (u64, std::time::Instant),
+    /// The third field is the checkpoint entry's proposal wall time (Unix ms; 0 when it came
+    /// from a snapshot, where it is unknown).
+    checkpoint_applied: (u64, std::time::Instant, u64),
 }
 
 /// The authority state machine: [`AuthorityState`] driven by committed entries, plus the
@@ -463,7 +465,7 @@ impl StateMachineStore {
                 audit_high_water,
                 applied_tx,
                 applied_dropped: 0,
-                checkpoint_applied: (checkpoint, std::time::Instant::now()),
+                checkpoint_applied: (checkpoint, std::time::Instant::now(), 0),
             })),
         })
     }
@@ -486,14 +488,34 @@ impl StateMachineStore {
         (id, g.last_applied.is_none() && g.snapshot.is_none())
     }
 
-    /// The latest lease checkpoint this replica applied and how long ago, on this process's
-    /// monotonic clock (what a new leader credits in its `LeaderTakeover`).
-    pub fn lease_credit(&self) -> shoal_authority::LeaseCredit {
+    /// The latest lease checkpoint this replica applied and how long ago (what a new leader
+    /// credits in its `LeaderTakeover`, docs/adr/0008-lease-checkpoints.md).
+    ///
+    /// The elapsed time is the larger of (a) this process's monotonic time since it applied the
+    /// checkpoint and (b) the wall-clock time since the checkpoint was *proposed*, minus
+    /// `skew_ms` (the clock skew assumed between replicas) and capped at `cap_ms` (what a
+    /// forward wall-clock step may cost). (b) matters for a process restarted since: its
+    /// monotonic clock cannot measure across its own restart. `now_wall_ms` is Unix ms.
+    pub fn lease_credit(
+        &self,
+        now_wall_ms: u64,
+        skew_ms: u64,
+        cap_ms: u64,
+    ) -> shoal_authority::LeaseCredit {
         let g = self.inner.lock().expect("sm lock");
-        let (checkpoint, at) = g.checkpoint_applied;
+        let (checkpoint, at, proposed_wall) = g.checkpoint_applied;
+        let mono = at.elapsed().as_millis() as u64;
+        let wall = if proposed_wall == 0 {
+            0
+        } else {
+            now_wall_ms
+                .saturating_sub(proposed_wall)
+                .saturating_sub(skew_ms)
+                .min(cap_ms)
+        };
         shoal_authority::LeaseCredit {
             checkpoint,
-            elapsed_ms: at.elapsed().as_millis() as u64,
+            elapsed_ms: mono.max(wall),
         }
     }
 
@@ -535,7 +557,7 @@ impl SmInner {
             signing_key: &self.signing_key,
         };
         let out = self.state.apply(proposal.cmd, ctx);
-        self.note_checkpoint();
+        self.note_checkpoint(proposal.proposed_at_ms);
         self.write_audit(before, entry.log_id.index);
         if let Ok(records) = &out {
             self.publish(entry.log_id.index, records);
@@ -543,10 +565,10 @@ impl SmInner {
         out
     }
 
-    fn note_checkpoint(&mut self) {
+    fn note_checkpoint(&mut self, proposed_wall_ms: u64) {
         let cp = self.state.lease_checkpoint();
         if cp != self.checkpoint_applied.0 {
-            self.checkpoint_applied = (cp, std::time::Instant::now());
+            self.checkpoint_applied = (cp, std::time::Instant::now(), proposed_wall_ms);
         }
     }
 
@@ -717,7 +739,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         g.last_applied = meta.last_log_id;
         g.last_membership = meta.last_membership.clone();
         g.audit_snapshot_entries(meta.last_log_id.map_or(0, |l| l.index));
-        g.note_checkpoint();
+        g.note_checkpoint(0);
         g.snapshot = Some(snap);
         Ok(())
     }
