@@ -5,6 +5,7 @@
 //!   as a new cluster incarnation;
 //! - leases under leader churn (docs/adr/0008-lease-checkpoints.md): an owner killed, the
 //!   leader killed every lease/3.
+//!
 //! Every wait polls with a bounded deadline; no fixed sleeps.
 
 mod common;
