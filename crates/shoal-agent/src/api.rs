@@ -831,9 +831,8 @@ fn check_address(
             })
             .find_map(|(k, i, _)| {
                 let o = shared.owners.get(k, i.as_str())?;
-                (o.uid != who.uid
-                    && !shared.cfg.access.allows(who, Action::ChangeOthers, k))
-                .then(|| (k.clone(), i.clone(), o.uid))
+                (o.uid != who.uid && !shared.cfg.access.allows(who, Action::ChangeOthers, k))
+                    .then(|| (k.clone(), i.clone(), o.uid))
             });
         found
     };

@@ -96,10 +96,10 @@ async fn call_inner(
     on_behalf_of: Option<LocalCaller>,
 ) -> Result<AuthorityOk, CallError> {
     let cfg = &shared.cfg.raw.authority;
-    let mut targets: Vec<Option<std::net::SocketAddr>> = if cfg.dev {
+    let mut targets: Vec<Option<String>> = if cfg.dev {
         vec![None]
     } else {
-        cfg.addresses.iter().copied().map(Some).collect()
+        cfg.addresses.iter().cloned().map(Some).collect()
     };
     if targets.is_empty() {
         return Err(CallError::Unavailable(
@@ -113,12 +113,30 @@ async fn call_inner(
     let timeout = Duration::from_millis(cfg.rpc_timeout_ms);
     let mut attempt: u32 = 0;
     let mut last_error;
-    let mut redirect: Option<std::net::SocketAddr> = None;
+    let mut redirect: Option<String> = None;
     loop {
-        let to = redirect
+        let name = redirect
             .take()
             .map(Some)
-            .unwrap_or_else(|| targets[attempt as usize % targets.len()]);
+            .unwrap_or_else(|| targets[attempt as usize % targets.len()].clone());
+        // IPs or DNS names (a StatefulSet's stable names), resolved at every call.
+        let to = match &name {
+            None => Ok(None),
+            Some(n) => resolve(n).await.map(Some),
+        };
+        let to = match to {
+            Ok(to) => to,
+            Err(e) => {
+                last_error = e;
+                attempt += 1;
+                let pause = Duration::from_millis(jitter.upto(50u64 << attempt.min(4)));
+                if tokio::time::Instant::now() + pause >= deadline {
+                    return Err(CallError::Unavailable(last_error));
+                }
+                tokio::time::sleep(pause).await;
+                continue;
+            }
+        };
         let (tx, rx) = oneshot::channel();
         let cmd = DriverCmd::Authority {
             to,
@@ -137,7 +155,7 @@ async fn call_inner(
             Ok(Ok(Err(AuthorityError::Invalid(e)))) => return Err(CallError::Invalid(e)),
             Ok(Ok(Err(AuthorityError::NotLeader { leader }))) => {
                 last_error = "not the leader".into();
-                redirect = leader.and_then(|l| l.parse().ok());
+                redirect = leader;
             }
             Ok(Ok(Err(AuthorityError::NoQuorum))) => {
                 last_error = "the region authority has no quorum (writes refused)".into();
@@ -155,6 +173,18 @@ async fn call_inner(
         }
         tokio::time::sleep(pause).await;
     }
+}
+
+/// Resolves `host:port` (IP or DNS name) to its first address.
+async fn resolve(addr: &str) -> Result<std::net::SocketAddr, String> {
+    if let Ok(a) = addr.parse() {
+        return Ok(a);
+    }
+    tokio::net::lookup_host(addr)
+        .await
+        .map_err(|e| format!("authority {addr} does not resolve: {e}"))?
+        .next()
+        .ok_or_else(|| format!("authority {addr} resolves to no address"))
 }
 
 fn fmt_target(to: Option<std::net::SocketAddr>) -> String {

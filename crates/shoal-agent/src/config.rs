@@ -207,9 +207,10 @@ pub struct TrustConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuthorityConfig {
-    /// Authority replica addresses (`ip:port` of their QUIC endpoints).
+    /// Authority replica addresses, `host:port` of their QUIC endpoints: IPs or DNS names
+    /// (e.g. `auth-0.auth.shoal.svc:7950`), resolved at every call.
     #[serde(default)]
-    pub addresses: Vec<SocketAddr>,
+    pub addresses: Vec<String>,
     /// Run the DEVELOPMENT authority in-process (INSECURE well-known key; never in production).
     #[serde(default)]
     pub dev: bool,

@@ -168,6 +168,7 @@ impl DevAuthority {
                     applied_index: self.state.last_applied_index(),
                     revision: self.state.head_revision(),
                     members: vec![self.node.clone()],
+                    cluster_id: None,
                 }))
             }
         };

@@ -151,21 +151,43 @@ async fn operator_call(c: &Connect, body: AuthorityRequestBody) -> anyhow::Resul
 /// `shoal authority snapshot ...`.
 #[derive(Debug, Subcommand)]
 pub enum SnapshotCmd {
-    /// Copy the latest verified snapshot of a data directory to `file`.
+    /// Copy the latest verified snapshot of a data directory to `file`. A running replica
+    /// that has none yet is asked for one first.
     Save {
-        /// Destination file.
+        /// Destination file (written atomically).
         file: PathBuf,
         /// The replica's data directory.
         #[arg(long)]
         data_dir: PathBuf,
+        /// How long to wait for a running replica to build its first snapshot, ms.
+        #[arg(long, default_value_t = 30_000)]
+        wait_ms: u64,
     },
-    /// Install `file` into a STOPPED replica's data directory (its log is discarded).
+    /// Disaster recovery: start a NEW cluster incarnation from `file` in a STOPPED replica's
+    /// data directory (fresh vote and log; revisions and generations above `--floor`). See
+    /// docs/operations.md for the runbook.
     Restore {
         /// Snapshot file made by `save`.
         file: PathBuf,
         /// The replica's data directory.
         #[arg(long)]
         data_dir: PathBuf,
+        /// Every revision and generation the region issued before the disaster is <= this
+        /// (the largest region head and generation the agents report). Default: the backup's
+        /// head plus `--margin`.
+        #[arg(long)]
+        floor: Option<u64>,
+        /// Margin over the backup's head when `--floor` is not given.
+        #[arg(long, default_value_t = storage::DEFAULT_RESTORE_MARGIN)]
+        margin: u64,
+        /// Id of the new incarnation: omit on the first replica; on the others pass the id
+        /// (and `--floor`) the first restore printed.
+        #[arg(long)]
+        cluster_id: Option<String>,
+        /// Confirm discarding the directory's vote, log and snapshot (moved to
+        /// `pre-restore-<id>/`, not deleted).
+        #[arg(long)]
+        force_new_cluster: bool,
     },
 }
 
@@ -220,6 +242,7 @@ pub async fn run(cmd: AuthorityCmd) -> anyhow::Result<()> {
                         "applied_index": s.applied_index,
                         "revision": s.revision.0,
                         "members": s.members.iter().map(|m| m.as_str().to_string()).collect::<Vec<_>>(),
+                        "cluster_id": s.cluster_id,
                     });
                     println!("{json}");
                 }
@@ -229,19 +252,57 @@ pub async fn run(cmd: AuthorityCmd) -> anyhow::Result<()> {
             Ok(())
         }
         AuthorityCmd::Snapshot { cmd } => match cmd {
-            SnapshotCmd::Save { file, data_dir } => {
-                let meta = storage::save_snapshot(&data_dir, &file)
+            SnapshotCmd::Save {
+                file,
+                data_dir,
+                wait_ms,
+            } => {
+                let meta = storage::save_snapshot(&data_dir, &file, Duration::from_millis(wait_ms))
                     .with_context(|| format!("saving the snapshot of {}", data_dir.display()))?;
                 println!("saved snapshot {} to {}", meta.snapshot_id, file.display());
                 Ok(())
             }
-            SnapshotCmd::Restore { file, data_dir } => {
-                let meta = storage::restore_snapshot(&data_dir, &file)
-                    .with_context(|| format!("restoring {}", file.display()))?;
+            SnapshotCmd::Restore {
+                file,
+                data_dir,
+                floor,
+                margin,
+                cluster_id,
+                force_new_cluster,
+            } => {
+                let opts = storage::RestoreOptions {
+                    floor,
+                    margin,
+                    cluster_id,
+                    force_new_cluster,
+                };
+                let r = storage::restore_snapshot(&data_dir, &file, &opts).with_context(|| {
+                    format!("restoring {} into {}", file.display(), data_dir.display())
+                })?;
                 println!(
-                    "restored snapshot {} into {}",
-                    meta.snapshot_id,
-                    data_dir.display()
+                    "restored snapshot {} (revision {}, log index {}) into {} as new cluster {}",
+                    r.meta.snapshot_id,
+                    r.backup_head.0,
+                    r.backup_head.1,
+                    data_dir.display(),
+                    r.cluster_id
+                );
+                println!(
+                    "revisions and generations issued from now on are > {}",
+                    r.floor
+                );
+                if let Some(aside) = &r.aside_dir {
+                    println!(
+                        "moved aside: {} -> {}",
+                        r.moved_aside.join(", "),
+                        aside.display()
+                    );
+                }
+                println!(
+                    "seed every other replica of the region (stopped) with:\n  shoal authority snapshot restore {} --data-dir <DIR> --floor {} --cluster-id {} --force-new-cluster",
+                    file.display(),
+                    r.floor,
+                    r.cluster_id
                 );
                 Ok(())
             }

@@ -20,8 +20,8 @@
 //! [[members]]
 //! id = 1
 //! node = "auth-1"
-//! raft_addr = "10.0.0.1:7101"             # replica <-> replica (Raft)
-//! rpc_addr = "10.0.0.1:7100"              # agents -> authority RPC
+//! raft_addr = "10.0.0.1:7101"             # replica <-> replica (Raft); IP or DNS name
+//! rpc_addr = "10.0.0.1:7100"              # agents -> authority RPC; e.g. "auth-0.auth.shoal.svc:7100"
 //! # ... 3 or 5 members
 //! ```
 
@@ -48,10 +48,42 @@ pub struct MemberConfig {
     pub id: RaftId,
     /// Shoal node id in the replica's certificate.
     pub node: String,
-    /// Raft transport address.
-    pub raft_addr: SocketAddr,
-    /// Agent RPC address.
-    pub rpc_addr: SocketAddr,
+    /// Raft transport address, `host:port`: an IP or a DNS name (e.g. a StatefulSet's
+    /// `auth-0.auth.shoal.svc:7951`). Peers resolve it at connect time; this replica binds
+    /// the address its own entry resolves to at start.
+    pub raft_addr: String,
+    /// Agent RPC address, `host:port` (IP or DNS name). Handed to agents in `NotLeader`
+    /// answers; they resolve it at connect time.
+    pub rpc_addr: String,
+}
+
+/// Resolves `host:port` (an IP address or a DNS name) to its first socket address.
+///
+/// # Errors
+/// Not `host:port`, or the name does not resolve.
+pub fn resolve_now(addr: &str) -> anyhow::Result<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    if let Ok(a) = addr.parse() {
+        return Ok(a);
+    }
+    addr.to_socket_addrs()
+        .with_context(|| format!("resolving {addr:?} (expected host:port)"))?
+        .next()
+        .with_context(|| format!("{addr:?} resolves to no address"))
+}
+
+/// Checks that `addr` has the form `host:port` (without resolving it).
+fn check_host_port(what: &str, addr: &str) -> anyhow::Result<()> {
+    if addr.parse::<SocketAddr>().is_ok() {
+        return Ok(());
+    }
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        bail!("{what} {addr:?}: expected host:port");
+    };
+    if host.is_empty() || port.parse::<u16>().is_err() || host.contains(['/', ' ']) {
+        bail!("{what} {addr:?}: expected host:port (an IP address or a DNS name)");
+    }
+    Ok(())
 }
 
 /// A replica's configuration (see the module docs for the file format).
@@ -95,6 +127,11 @@ pub struct AuthorityConfig {
     /// Period of the lease safety-net check on the leader, ms.
     #[serde(default = "d_expire_interval")]
     pub expire_interval_ms: u64,
+    /// While any node is down, the leader checkpoints lease downtime into the log at least
+    /// this often, ms (docs/adr/0008-lease-checkpoints.md). What a leader change can forget
+    /// of a node reported down after the latest checkpoint is bounded by it.
+    #[serde(default = "d_lease_checkpoint")]
+    pub lease_checkpoint_ms: u64,
     /// Build a snapshot (and compact the log) every this many entries.
     #[serde(default = "d_snapshot_every")]
     pub snapshot_every_logs: u64,
@@ -192,11 +229,18 @@ fn d_max_down_percent() -> u8 {
     50
 }
 
+// Raft timing for a loaded 2-core host (docs/adr/0008-lease-checkpoints.md): heartbeats every
+// 250 ms; a follower waits 1.5-3 s without one before it campaigns, i.e. six missed
+// heartbeats. At 100/500 ms a tokio worker or an fsync stalled for ~0.5 s by other builds on
+// the same two cores was enough for an election (issue 14: 17 elections for 6 kills).
 fn d_heartbeat() -> u64 {
-    100
+    250
 }
 fn d_election() -> u64 {
-    500
+    1_500
+}
+fn d_lease_checkpoint() -> u64 {
+    2_000
 }
 fn d_write_timeout() -> u64 {
     2_000
@@ -253,12 +297,17 @@ impl AuthorityConfig {
             if !nodes.insert(m.node.clone()) {
                 bail!("members: node {} repeated", m.node);
             }
+            check_host_port("members[].raft_addr", &m.raft_addr)?;
+            check_host_port("members[].rpc_addr", &m.rpc_addr)?;
         }
         if !ids.contains(&self.id) {
             bail!("id {} is not one of the members", self.id);
         }
         if self.heartbeat_ms == 0 || self.election_timeout_ms <= self.heartbeat_ms * 2 {
             bail!("election_timeout_ms must exceed twice heartbeat_ms");
+        }
+        if self.lease_checkpoint_ms < self.expire_interval_ms {
+            bail!("lease_checkpoint_ms must be at least expire_interval_ms");
         }
         if self.mesh.cluster_size == 0 || self.mesh.max_down_percent > 100 {
             bail!("[mesh]: cluster_size must be >= 1 and max_down_percent <= 100");
@@ -286,8 +335,8 @@ impl AuthorityConfig {
                     m.id,
                     Member {
                         node: m.node.clone(),
-                        raft_addr: m.raft_addr.to_string(),
-                        rpc_addr: m.rpc_addr.to_string(),
+                        raft_addr: m.raft_addr.clone(),
+                        rpc_addr: m.rpc_addr.clone(),
                     },
                 )
             })
@@ -386,5 +435,57 @@ rpc_addr = "127.0.0.1:7100"
         assert!(err.contains("node_keys"), "{err}");
         assert!(err.contains("0006-node-keys-in-lifecycle-records"), "{err}");
         assert!(cfg.mesh_settings_parts().is_err());
+    }
+
+    #[test]
+    fn addresses_may_be_dns_names_and_are_checked_for_host_port() {
+        for ok in [
+            "10.0.0.1:7100",
+            "[::1]:7100",
+            "auth-0.auth.shoal.svc:7950",
+            "localhost:1",
+        ] {
+            check_host_port("x", ok).unwrap();
+        }
+        for bad in [
+            "auth-0",
+            "auth-0:",
+            ":7100",
+            "auth-0:http",
+            "a b:1",
+            "10.0.0.1",
+        ] {
+            assert!(check_host_port("x", bad).is_err(), "{bad} accepted");
+        }
+        let a = resolve_now("localhost:7100").unwrap();
+        assert!(a.ip().is_loopback() && a.port() == 7100, "{a}");
+        assert!(resolve_now("no-such-host.invalid:1").is_err());
+    }
+
+    #[test]
+    fn a_config_with_dns_member_addresses_validates() {
+        let text = r#"
+id = 1
+region = "dev"
+data_dir = "/tmp/x"
+ca = "ca.pem"
+cert = "c.pem"
+key = "k.pem"
+signing_key = "s.key"
+[[members]]
+id = 1
+node = "auth-0"
+raft_addr = "auth-0.auth.shoal.svc:7951"
+rpc_addr = "auth-0.auth.shoal.svc:7950"
+"#;
+        let cfg: AuthorityConfig = toml::from_str(text).unwrap();
+        cfg.validate().unwrap();
+        assert_eq!(
+            cfg.raft_members()[&1].rpc_addr,
+            "auth-0.auth.shoal.svc:7950"
+        );
+        let bad = text.replace("auth-0.auth.shoal.svc:7951", "auth-0.auth.shoal.svc");
+        let cfg: AuthorityConfig = toml::from_str(&bad).unwrap();
+        assert!(cfg.validate().is_err());
     }
 }

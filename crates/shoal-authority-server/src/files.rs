@@ -41,6 +41,15 @@ pub enum FileError {
         /// What did not match.
         what: String,
     },
+    /// The operation was refused to protect the data (a running replica holds the directory,
+    /// or it belongs to a cluster and the operator did not confirm); nothing was changed.
+    #[error("{path}: {what}")]
+    Busy {
+        /// The file or directory.
+        path: PathBuf,
+        /// Why, and what to do.
+        what: String,
+    },
     /// The payload could not be encoded or decoded.
     #[error("{path}: {what}")]
     Codec {
@@ -111,6 +120,15 @@ pub fn unframe<'a>(path: &Path, bytes: &'a [u8]) -> Result<&'a [u8], FileError> 
 pub fn write_atomic(path: &Path, payload: &[u8]) -> Result<(), FileError> {
     shoal_transport::keyfile::replace_atomic(path, &frame(payload), 0o600)
         .map_err(|e| FileError::io(path, e))
+}
+
+/// Atomically replaces `path` with `bytes` as they are (no frame): temp file, fsync, rename,
+/// fsync dir. For small human-readable files (the cluster id).
+///
+/// # Errors
+/// [`FileError::Io`]; the old file is untouched then.
+pub fn write_plain_atomic(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
+    shoal_transport::keyfile::replace_atomic(path, bytes, 0o600).map_err(|e| FileError::io(path, e))
 }
 
 /// Reads a framed file; `Ok(None)` when it does not exist.

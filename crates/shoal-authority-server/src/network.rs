@@ -8,6 +8,14 @@
 //!
 //! Only peers whose certificate node id is a configured member may talk Raft: anything else is
 //! dropped and counted (a valid region certificate is not enough to vote).
+//!
+//! Every call carries the caller's cluster incarnation id (`None` until a restore started one,
+//! docs/adr/0007-authority-restore.md). A replica answers only calls of its own incarnation,
+//! except that a pristine replica (nothing applied, no snapshot: a wiped one being re-seeded)
+//! answers any and adopts the caller's incarnation (recorded in `cluster.id` in its data
+//! directory before it answers, so a crash before the snapshot arrives keeps it). So a replica left
+//! out of a restore, with its longer log of the old incarnation, can neither win a vote in the
+//! new cluster nor overwrite it; nor can the new cluster truncate that old log.
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
@@ -30,7 +38,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::types::{Member, Raft, RaftId, TypeConfig};
 
 /// Magic + version prefix of a Raft wire message (distinct from the shoal envelope's `SH`).
-pub const RAFT_WIRE_PREFIX: [u8; 3] = [b'S', b'R', 1];
+pub const RAFT_WIRE_PREFIX: [u8; 3] = [b'S', b'R', 2];
 /// Most Raft calls in flight from one replica; more fail at once as unreachable (counted).
 pub const MAX_PENDING_CALLS: usize = 1_024;
 
@@ -65,6 +73,8 @@ pub enum RaftWire {
     Request {
         /// Correlation id, unique per caller.
         id: u64,
+        /// The caller's cluster incarnation id (`None`: never restored).
+        cluster: Option<String>,
         /// The call.
         body: RaftRequest,
     },
@@ -102,6 +112,9 @@ pub enum CallError {
     /// The message could not be sent (queue full, shut down, too large).
     #[error("raft rpc to {0} not sent: {1}")]
     Send(SocketAddr, String),
+    /// The peer's `host:port` did not resolve.
+    #[error("raft peer {0} does not resolve: {1}")]
+    Resolve(String, String),
     /// Too many calls in flight.
     #[error("too many raft calls in flight")]
     TooManyPending,
@@ -119,7 +132,19 @@ pub struct RaftRpc {
     pub overflow: AtomicU64,
     /// Inbound messages dropped: undecodable, or from a peer that is not a member.
     pub rejected: AtomicU64,
+    /// Calls dropped because they came from another cluster incarnation.
+    pub foreign: AtomicU64,
+    cluster: std::sync::OnceLock<(ClusterSource, std::path::PathBuf)>,
+    adopted: Mutex<Option<String>>,
 }
+
+/// File in a replica's data directory holding the cluster incarnation it adopted or was
+/// restored as.
+pub const CLUSTER_ID_FILE: &str = "cluster.id";
+
+/// Reads this replica's cluster incarnation id from its state and whether it is pristine (no
+/// log entry, no vote, no snapshot, nothing applied).
+pub type ClusterSource = Box<dyn Fn() -> (Option<String>, bool) + Send + Sync>;
 
 impl std::fmt::Debug for RaftRpc {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -138,7 +163,58 @@ impl RaftRpc {
             next_id: AtomicU64::new(1),
             overflow: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
+            foreign: AtomicU64::new(0),
+            cluster: std::sync::OnceLock::new(),
+            adopted: Mutex::new(None),
         })
+    }
+
+    /// Sets where the replica's cluster incarnation is read from (once; later calls are
+    /// ignored) and the data directory holding [`CLUSTER_ID_FILE`]. Until set, the replica
+    /// behaves as never restored.
+    pub fn set_cluster_source(&self, source: ClusterSource, data_dir: &std::path::Path) {
+        let path = data_dir.join(CLUSTER_ID_FILE);
+        if let Ok(id) = std::fs::read_to_string(&path) {
+            let id = id.trim().to_string();
+            if !id.is_empty() {
+                *self.adopted.lock().expect("adopted lock") = Some(id);
+            }
+        }
+        let _ = self.cluster.set((source, path));
+    }
+
+    /// (our incarnation: the state's, else the adopted one; pristine).
+    fn cluster(&self) -> (Option<String>, bool) {
+        let Some((f, _)) = self.cluster.get() else {
+            return (None, false);
+        };
+        let (state_id, pristine) = f();
+        let adopted = self.adopted.lock().expect("adopted lock").clone();
+        (state_id.or(adopted), pristine)
+    }
+
+    /// Whether to answer a call from incarnation `theirs`; a pristine replica adopts it.
+    fn accept_cluster(&self, theirs: &Option<String>) -> bool {
+        let (ours, pristine) = self.cluster();
+        if &ours == theirs {
+            return true;
+        }
+        if ours.is_some() || !pristine {
+            return false;
+        }
+        let Some(id) = theirs else {
+            return true;
+        };
+        let Some((_, path)) = self.cluster.get() else {
+            return false;
+        };
+        if let Err(e) = crate::files::write_plain_atomic(path, id.as_bytes()) {
+            tracing::warn!(error = %e, "could not record the adopted cluster id");
+            return false;
+        }
+        tracing::info!(cluster = %id, "pristine replica adopted cluster incarnation");
+        *self.adopted.lock().expect("adopted lock") = Some(id.clone());
+        true
     }
 
     /// The transport (for shutdown and counters).
@@ -166,7 +242,8 @@ impl RaftRpc {
             }
             p.insert(id, tx);
         }
-        let bytes = encode_wire(&RaftWire::Request { id, body });
+        let cluster = self.cluster().0;
+        let bytes = encode_wire(&RaftWire::Request { id, cluster, body });
         if let Err(e) = self.transport.send_stream_message(to, bytes) {
             self.pending.lock().expect("pending lock").remove(&id);
             return Err(CallError::Send(to, e.to_string()));
@@ -199,7 +276,13 @@ impl RaftRpc {
                         let _ = tx.send(body);
                     }
                 }
-                Ok(RaftWire::Request { id, body }) => {
+                Ok(RaftWire::Request { id, cluster, body }) => {
+                    if !self.accept_cluster(&cluster) {
+                        self.foreign.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(peer = %msg.peer, theirs = ?cluster, ours = ?self.cluster().0,
+                            "raft call from another cluster incarnation dropped");
+                        continue;
+                    }
                     let this = self.clone();
                     let raft = raft.clone();
                     tokio::spawn(async move {
@@ -248,7 +331,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             rpc: self.rpc.clone(),
             target,
             node: node.clone(),
-            addr: node.raft_addr.parse().ok(),
+            addr: Mutex::new(None),
         }
     }
 }
@@ -259,7 +342,35 @@ pub struct RaftClient {
     rpc: Arc<RaftRpc>,
     target: RaftId,
     node: Member,
-    addr: Option<SocketAddr>,
+    /// `node.raft_addr` resolved, and when (re-resolved after [`RESOLVE_TTL`] or a failure).
+    addr: Mutex<Option<(SocketAddr, std::time::Instant)>>,
+}
+
+/// How long a resolved peer address is reused before `raft_addr` is resolved again (a
+/// StatefulSet pod that is rescheduled keeps its name and gets a new IP).
+pub const RESOLVE_TTL: Duration = Duration::from_secs(5);
+
+impl RaftClient {
+    /// The peer's address: `raft_addr` parsed, or resolved by DNS at connect time (cached
+    /// for [`RESOLVE_TTL`]).
+    async fn resolve(&self) -> Result<SocketAddr, CallError> {
+        if let Ok(a) = self.node.raft_addr.parse() {
+            return Ok(a);
+        }
+        if let Some((a, at)) = *self.addr.lock().expect("addr lock") {
+            if at.elapsed() < RESOLVE_TTL {
+                return Ok(a);
+            }
+        }
+        let unresolved = |why: String| CallError::Resolve(self.node.raft_addr.clone(), why);
+        let a = tokio::net::lookup_host(self.node.raft_addr.as_str())
+            .await
+            .map_err(|e| unresolved(e.to_string()))?
+            .next()
+            .ok_or_else(|| unresolved("no address".into()))?;
+        *self.addr.lock().expect("addr lock") = Some((a, std::time::Instant::now()));
+        Ok(a)
+    }
 }
 
 type RpcErr<E = openraft::error::Infallible> = RPCError<RaftId, Member, RaftError<RaftId, E>>;
@@ -270,14 +381,15 @@ impl RaftClient {
         req: RaftRequest,
         option: &RPCOption,
     ) -> Result<RaftResponse, RpcErr<E>> {
-        let Some(addr) = self.addr else {
-            let e = CallError::Send(([0, 0, 0, 0], 0).into(), self.node.raft_addr.clone());
-            return Err(RPCError::Network(NetworkError::new(&e)));
-        };
-        self.rpc
-            .call(addr, req, option.hard_ttl())
+        let addr = self
+            .resolve()
             .await
-            .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))
+            .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
+        let res = self.rpc.call(addr, req, option.hard_ttl()).await;
+        if res.is_err() {
+            *self.addr.lock().expect("addr lock") = None; // resolve again next time
+        }
+        res.map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))
     }
 
     fn remote<E: std::error::Error>(&self, e: RaftError<RaftId, E>) -> RpcErr<E> {
@@ -354,13 +466,15 @@ mod tests {
         };
         let bytes = encode_wire(&RaftWire::Request {
             id: 42,
+            cluster: Some("c1".into()),
             body: RaftRequest::Append(req),
         });
         match decode_wire(&bytes).unwrap() {
             RaftWire::Request {
                 id: 42,
+                cluster: Some(c),
                 body: RaftRequest::Append(r),
-            } => assert_eq!(r.entries.len(), 1),
+            } => assert_eq!((r.entries.len(), c.as_str()), (1, "c1")),
             other => panic!("{other:?}"),
         }
         let err: RaftError<RaftId> = RaftError::Fatal(openraft::error::Fatal::Stopped);

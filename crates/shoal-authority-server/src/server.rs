@@ -59,8 +59,14 @@ use tokio::sync::{mpsc, watch, Semaphore};
 use crate::config::AuthorityConfig;
 use crate::member::{self, MemberHandle, MemberSettings, MeshView};
 use crate::network::{Network, RaftRpc};
-use crate::storage::{Applied, LogStore, StateMachineStore, AUDIT_FILE};
+use crate::storage::{
+    self, Applied, DirLock, LogStore, StateMachineStore, AUDIT_FILE, SNAPSHOT_REQUEST_FILE,
+};
 use crate::types::{Proposal, Raft, RaftId};
+
+/// Clock skew (ms) assumed between replicas' wall clocks when a new leader credits the time
+/// since the latest lease checkpoint by wall clock (NTP keeps hosts within a few ms).
+pub const LEASE_CREDIT_SKEW_MS: u64 = 250;
 
 /// Capacity of the queue of applied records waiting to be published.
 pub const APPLIED_QUEUE: usize = 4_096;
@@ -116,10 +122,16 @@ pub struct Replica {
     takeover_done: AtomicU64,
     liveness_busy: AtomicBool,
     expire_busy: AtomicBool,
+    /// Monotonic ms of the last `ExpireLeases` proposal (the lease checkpoint cadence).
+    last_checkpoint_ms: AtomicU64,
+    /// The term this replica last saw itself leader of, and since when.
+    leader_since: std::sync::Mutex<Option<(u64, Instant)>>,
     member: Option<MemberHandle>,
     /// Reloads the TLS material of every transport on SIGHUP.
     reloader: tokio::task::JoinHandle<()>,
     tls: TlsState,
+    /// The data directory's lock, held while the replica runs (restore refuses while held).
+    _lock: DirLock,
 }
 
 /// Most liveness commands proposed per reconciliation round.
@@ -220,6 +232,7 @@ impl Replica {
         };
         let tls = TlsState::from_files(&cfg.region, &tls_paths).context("TLS material")?;
         let signing_key = cfg.load_signing_key()?;
+        let lock = storage::lock_data_dir(&cfg.data_dir).context("locking the data directory")?;
         let me = cfg.me().clone();
         let started = Instant::now();
 
@@ -259,7 +272,10 @@ impl Replica {
         )
         .context("opening the state machine")?;
 
-        let (raft_t, raft_in) = Transport::bind(transport_config(me.raft_addr, &tls))?;
+        let (raft_t, raft_in) = Transport::bind(transport_config(
+            crate::config::resolve_now(&me.raft_addr)?,
+            &tls,
+        ))?;
         if raft_t.identity().node_id.as_str() != me.node {
             anyhow::bail!(
                 "certificate node id {} does not match members[].node {}",
@@ -267,8 +283,20 @@ impl Replica {
                 me.node
             );
         }
-        let (rpc_t, rpc_in) = Transport::bind(transport_config(me.rpc_addr, &tls))?;
+        let (rpc_t, rpc_in) = Transport::bind(transport_config(
+            crate::config::resolve_now(&me.rpc_addr)?,
+            &tls,
+        ))?;
         let raft_rpc = RaftRpc::new(raft_t);
+        let (sm_view, log_view) = (sm.clone(), log.clone());
+        raft_rpc.set_cluster_source(
+            Box::new(move || {
+                let (id, sm_pristine) = sm_view.cluster_tag();
+                let log_pristine = log_view.last_index().is_none() && log_view.vote().is_none();
+                (id, sm_pristine && log_pristine)
+            }),
+            &cfg.data_dir,
+        );
 
         let raft_config = openraft::Config {
             cluster_name: format!("shoal-{}", cfg.region),
@@ -321,6 +349,8 @@ impl Replica {
             takeover_done: AtomicU64::new(0),
             liveness_busy: AtomicBool::new(false),
             expire_busy: AtomicBool::new(false),
+            last_checkpoint_ms: AtomicU64::new(0),
+            leader_since: std::sync::Mutex::new(None),
             member: member.clone(),
             reloader: tls::spawn_reloader(
                 tls.clone(),
@@ -330,6 +360,7 @@ impl Replica {
             )
             .context("SIGHUP handler")?,
             tls,
+            _lock: lock,
         });
         tokio::spawn(replica.clone().serve_rpc(rpc_in));
         tokio::spawn(replica.clone().leader_duties());
@@ -394,10 +425,12 @@ impl Replica {
                 .get_node(&id)
                 .and_then(|n| n.node.parse().ok())
         };
-        let (revision, applied): (Revision, u64) = self
-            .sm
-            .with_state(|s| (s.head_revision(), s.last_applied_index()));
-        let _ = applied;
+        let (revision, cluster_id): (Revision, Option<String>) = self.sm.with_state(|s| {
+            (
+                s.head_revision(),
+                s.incarnation().map(|i| i.cluster_id.clone()),
+            )
+        });
         AuthorityStatus {
             node: self
                 .cfg
@@ -415,6 +448,7 @@ impl Replica {
                 .voter_ids()
                 .filter_map(node_of)
                 .collect(),
+            cluster_id,
         }
     }
 
@@ -700,6 +734,15 @@ impl Replica {
                     || m.millis_since_quorum_ack
                         .is_some_and(|ms| ms <= self.cfg.quorum_stale_ms));
             gauge!("shoal_authority_quorum").set(if quorum { 1.0 } else { 0.0 });
+            let request = self.cfg.data_dir.join(SNAPSHOT_REQUEST_FILE);
+            if request.exists() {
+                // An operator's `snapshot save` found no snapshot: build one now.
+                let _ = std::fs::remove_file(&request);
+                tracing::info!("snapshot requested by an operator");
+                if let Err(e) = self.snapshot_now().await {
+                    tracing::warn!(error = %e, "requested snapshot");
+                }
+            }
             if m.current_leader != last_leader {
                 if m.current_leader.is_some() {
                     counter!("shoal_authority_leader_changes_total").increment(1);
@@ -711,12 +754,38 @@ impl Replica {
             }
             let term = m.current_term;
             if self.takeover_term.load(Ordering::Acquire) < term {
+                // Apply everything in the log first, so the lease credit refers to the latest
+                // checkpoint (a credit for an older one is ignored by the rules), but wait at
+                // most one election timeout: a leader that restarted into its old term has
+                // nothing committed until it proposes, and its takeover commits the rest.
+                let applied = m.last_applied.map(|l| l.index);
+                let since = *self
+                    .leader_since
+                    .lock()
+                    .expect("leader_since")
+                    .get_or_insert((term, Instant::now()));
+                let waited = if since.0 == term {
+                    since.1.elapsed()
+                } else {
+                    *self.leader_since.lock().expect("leader_since") = Some((term, Instant::now()));
+                    Duration::ZERO
+                };
+                if applied < m.last_log_index
+                    && waited < Duration::from_millis(self.cfg.election_timeout_ms)
+                {
+                    continue;
+                }
                 self.takeover_term.store(term, Ordering::Release);
                 let this = self.clone();
                 tokio::spawn(async move {
                     let now_ms = this.mono_ms();
+                    // Wall-clock part of the credit: assume replicas' clocks within
+                    // LEASE_CREDIT_SKEW_MS; cap it at a checkpoint interval plus two maximal
+                    // elections (docs/adr/0008-lease-checkpoints.md).
+                    let cap = this.cfg.lease_checkpoint_ms + 4 * this.cfg.election_timeout_ms;
+                    let credit = Some(this.sm.lease_credit(wall_ms(), LEASE_CREDIT_SKEW_MS, cap));
                     match this
-                        .write(AuthorityCommand::LeaderTakeover { now_ms }, None)
+                        .write(AuthorityCommand::LeaderTakeover { now_ms, credit }, None)
                         .await
                     {
                         Ok(_) => {
@@ -738,17 +807,30 @@ impl Replica {
             }
             self.reconcile_liveness();
             let now_ms = self.mono_ms();
-            let due = self
-                .sm
-                .with_state(|s| s.next_lease_deadline_ms().is_some_and(|d| d <= now_ms));
+            let (due, any_down) = self.sm.with_state(|s| {
+                (
+                    s.next_lease_deadline_ms().is_some_and(|d| d <= now_ms),
+                    s.down_nodes().next().is_some(),
+                )
+            });
+            // While nodes are down, an ExpireLeases every lease_checkpoint_ms is also the lease
+            // checkpoint a later leader resumes from (docs/adr/0008-lease-checkpoints.md).
+            let checkpoint_due = any_down
+                && now_ms.saturating_sub(self.last_checkpoint_ms.load(Ordering::Acquire))
+                    >= self.cfg.lease_checkpoint_ms;
+            let due = due || checkpoint_due;
             // One batch in flight at a time (the state is re-read after it applied).
             if due && !self.expire_busy.swap(true, Ordering::AcqRel) {
                 let this = self.clone();
+                this.last_checkpoint_ms.store(now_ms, Ordering::Release);
                 tokio::spawn(async move {
                     match this
                         .write(AuthorityCommand::ExpireLeases { now_ms }, None)
                         .await
                     {
+                        Ok(recs) if recs.is_empty() => {
+                            tracing::debug!("lease checkpoint committed")
+                        }
                         Ok(recs) => tracing::info!(expired = recs.len(), "lease safety net"),
                         Err(e) => tracing::warn!(error = %e, "expire leases not committed"),
                     }

@@ -449,7 +449,7 @@ async fn three_authorities_failover_quorum_loss_and_stale_generations() {
     let snap = cl.root.join("saved.snapshot");
     let data = cl.nodes[leader3].dir.join("data");
     let deadline = Instant::now() + Duration::from_secs(10);
-    while storage::save_snapshot(&data, &snap).is_err() {
+    while storage::save_snapshot(&data, &snap, Duration::from_secs(5)).is_err() {
         assert!(Instant::now() < deadline, "no snapshot");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -468,11 +468,12 @@ async fn futures_join(
     out
 }
 
-/// An authority restored from an older snapshot rewinds the region, but agents never accept
-/// the older state over newer: its new records for the same generation carry lower revisions
-/// and are `Stale` for a catalog holding the newer ones.
+/// An authority restored from an older snapshot starts a new incarnation whose revisions are
+/// above the floor (default: the backup's head plus the margin), so an agent holding the newer
+/// pre-restore records applies what it signs afterwards instead of dropping it as stale.
+/// (Before issue 14 the restored authority re-issued lower revisions, which agents dropped.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restored_older_snapshot_never_overrides_newer_records_at_agents() {
+async fn restored_older_snapshot_signs_above_the_floor_and_agents_apply_it() {
     let mut cl = Cluster::new(1, 5);
     cl.start(0);
     let c = cl.client("node-b");
@@ -498,7 +499,7 @@ async fn restored_older_snapshot_never_overrides_newer_records_at_agents() {
     let old = cl.root.join("old.snapshot");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        if let Ok(meta) = storage::save_snapshot(&data, &old) {
+        if let Ok(meta) = storage::save_snapshot(&data, &old, Duration::from_secs(5)) {
             if meta.last_log_id.is_some_and(|l| l.index >= 4) {
                 break;
             }
@@ -522,12 +523,22 @@ async fn restored_older_snapshot_never_overrides_newer_records_at_agents() {
     }
     // Disaster recovery from the older snapshot.
     cl.kill(0);
-    storage::restore_snapshot(&data, &old).unwrap();
+    let opts = storage::RestoreOptions {
+        force_new_cluster: true,
+        ..Default::default()
+    };
+    let refused = storage::restore_snapshot(&data, &old, &storage::RestoreOptions::default());
+    assert!(
+        refused.is_err(),
+        "a cluster's data dir needs force_new_cluster"
+    );
+    let report = storage::restore_snapshot(&data, &old, &opts).unwrap();
+    assert!(report.floor >= storage::DEFAULT_RESTORE_MARGIN);
     cl.start(0);
     wait_leader(&cl, &c, &[0], Duration::from_secs(20)).await;
     let mut checked = 0;
-    // The restored authority thinks the instances are STARTING/READY at old revisions; what
-    // it signs now is older than what agents hold for the same generation.
+    // The restored authority thinks the instances are STARTING/READY; what it signs now is
+    // above every revision the agent holds, so the agent applies it.
     for i in 0..4u32 {
         let r = c
             .write(
@@ -539,8 +550,10 @@ async fn restored_older_snapshot_never_overrides_newer_records_at_agents() {
         if let Ok(AuthorityOk::Committed { records }) = r {
             for rec in records {
                 let out = catalog.apply_lifecycle(Arc::new(rec.clone()), &keyring);
-                assert!(
-                    matches!(out, MergeOutcome::Stale | MergeOutcome::Conflict),
+                assert!(rec.record.revision.0 > report.floor, "{:?}", rec.record);
+                assert_eq!(
+                    out,
+                    MergeOutcome::Applied,
                     "instance {i}: record at revision {} was {out:?}",
                     rec.record.revision.0
                 );

@@ -71,17 +71,24 @@ pub enum AuthorityCommand {
     },
     /// The lease safety net: expire every non-expired record whose owner node has been down
     /// for at least the record's lease at `now_ms`, in one batch of at most
-    /// [`crate::MAX_EXPIRE_BATCH`] records, each with its own revision.
+    /// [`crate::MAX_EXPIRE_BATCH`] records, each with its own revision. It is also the **lease
+    /// checkpoint**: every down node's downtime so far is recorded in the state, so a later
+    /// leader resumes it (the leader proposes one every `lease_checkpoint_ms` while nodes are
+    /// down, like etcd's lease checkpoints, etcd-io/etcd#9888).
     ExpireLeases {
         /// Leader monotonic ms when the batch was proposed.
         now_ms: u64,
     },
     /// A new leader's first command: rebases every down node's lease clock onto this leader's
-    /// clock, granting a full lease of grace from `now_ms` (see
-    /// [`crate::AuthorityState`]'s "Leases and leader changes").
+    /// clock (see [`crate::AuthorityState`]'s "Leases and leader changes"). Downtime already
+    /// checkpointed is kept; `credit` adds what this leader's own clock measured since it
+    /// applied the latest checkpoint, so leader churn does not extend leases.
     LeaderTakeover {
         /// The new leader's monotonic ms at takeover.
         now_ms: u64,
+        /// Time elapsed on the proposer's clock since it applied checkpoint `checkpoint`;
+        /// `None` (or a checkpoint that is not the latest when applied) credits nothing.
+        credit: Option<LeaseCredit>,
     },
     /// Bind the calling node's health-signing key (node callers only: the node is the one the
     /// caller's certificate names, so nobody binds a key for another node). Every record the
@@ -122,6 +129,21 @@ pub enum AuthorityCommand {
         /// The document.
         policy: ServicePolicy,
     },
+}
+
+/// A new leader's measurement of the time since the latest lease checkpoint, on its own
+/// monotonic clock.
+///
+/// The proposer reads `checkpoint` ([`crate::AuthorityState::lease_checkpoint`]) from its
+/// applied state and `elapsed_ms` = its clock now minus its clock when it applied that
+/// checkpoint. Applying happens after the checkpoint was proposed, so `elapsed_ms` never
+/// exceeds the real time since the checkpoint: crediting it never expires anything early.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseCredit {
+    /// The checkpoint counter the measurement refers to.
+    pub checkpoint: u64,
+    /// Proposer-clock ms since it applied that checkpoint.
+    pub elapsed_ms: u64,
 }
 
 /// What the Raft layer knows about the entry being applied, and the key to sign with.

@@ -60,9 +60,9 @@ mod tests;
 
 pub use audit::{AuditEntry, AuditLog, AuditOutcome, CommandSummary, DEFAULT_AUDIT_CAPACITY};
 pub use caller::{Caller, CallerId, Scope, MAX_SCOPES};
-pub use command::{ApplyContext, AuthorityCommand};
+pub use command::{ApplyContext, AuthorityCommand, LeaseCredit};
 pub use refusal::{InvalidRequest, Refusal};
 pub use state::{
-    AuthorityState, Binding, NodeKeyState, StateError, MAX_BINDINGS, MAX_DOWN_NODES,
+    AuthorityState, Binding, Incarnation, NodeKeyState, StateError, MAX_BINDINGS, MAX_DOWN_NODES,
     MAX_EXPIRE_BATCH, MAX_LEASE_MS, MAX_NODE_KEYS, MAX_POLICIES, MAX_REVOKED_KEYS, MIN_LEASE_MS,
 };

@@ -13,7 +13,7 @@ use shoal_proto::{
 
 use crate::audit::{AuditEntry, AuditLog, AuditOutcome, CommandSummary, DEFAULT_AUDIT_CAPACITY};
 use crate::caller::{Caller, CallerId, MAX_SCOPES};
-use crate::command::{ApplyContext, AuthorityCommand};
+use crate::command::{ApplyContext, AuthorityCommand, LeaseCredit};
 use crate::refusal::{InvalidRequest, Refusal};
 
 /// Shortest lease a registration may ask for, in ms. Shorter leases would let a brief mesh
@@ -132,23 +132,28 @@ pub enum StateError {
 /// are alive.
 ///
 /// All those times are one leader's monotonic clock, and monotonic clocks of two machines are
-/// not comparable (each counts from its own boot). So a new leader's first command is
-/// [`AuthorityCommand::LeaderTakeover`] at its own `now_ms`, which sets every down node's
-/// `down_since_ms` to `now_ms` and floors later `NodeDown` times at `now_ms`. This is
-/// `max(down_since, now)` whenever the new clock is not behind the old one's readings, and it
-/// is also right when it is behind:
-/// - **never early**: every down node gets a full lease of downtime counted on one clock from
-///   the takeover, and it was already down before the takeover, so its real downtime at
-///   expiry is at least the lease. Without the reset, a new leader whose clock runs ahead
-///   (a longer uptime) would compute a huge downtime and expire a node that went down a
-///   second ago.
-/// - **never forever**: a node that stays down is expired at most one lease after the last
-///   takeover (plus the driver's `ExpireLeases` cadence). Keeping `down_since` when it is
-///   *ahead* of the new clock (the literal `max`) would instead postpone expiry by the
-///   clocks' offset, which for boot-relative clocks can be days.
+/// not comparable (each counts from its own boot). So downtime is carried across leaders as a
+/// **duration**, never as a time (docs/adr/0008-lease-checkpoints.md):
+/// - every [`AuthorityCommand::ExpireLeases`] is also a **checkpoint**: each down node's
+///   downtime so far (`carried + now - since`) is stored as its carried downtime and its lease
+///   clock restarts at `now` (the leader proposes one every `lease_checkpoint_ms` while nodes
+///   are down, as etcd checkpoints remaining lease time, etcd-io/etcd#9888);
+/// - a new leader's first command, [`AuthorityCommand::LeaderTakeover`] at its own `now_ms`,
+///   restarts every down node's lease clock at `now_ms`, keeps its carried downtime, and adds
+///   the [`LeaseCredit`]: the time the new leader's own clock measured since it applied the
+///   latest checkpoint (only for nodes that checkpoint counted). Later `NodeDown` times are
+///   floored at `now_ms`.
 ///
-/// The price is that each leader change can postpone expiry of an already-down node by up to
-/// one lease; leader changes are rare and the lease is the safety net, not the removal path.
+/// - **never early**: carried downtime was measured on one clock each, and the credit runs
+///   from the moment the new leader *applied* the checkpoint, which is after the old leader
+///   proposed it; so the counted downtime never exceeds the real one.
+/// - **bounded, whatever the number of elections**: what a takeover forgets is the time from
+///   the old leader's checkpoint proposal to its commit and apply on the new leader (ms), plus,
+///   once per down period, the downtime of a node reported down after the latest checkpoint
+///   (at most one checkpoint interval plus the election). Before checkpoints, each takeover
+///   granted a full new lease, so leader changes faster than a lease kept a dead node's
+///   records forever (issue 14: a 20 s lease took 65 s with six leader kills).
+///
 /// The Raft driver must make `LeaderTakeover` the first command a new leader proposes (Raft
 /// guarantees no older leader's entry commits after it).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -163,6 +168,32 @@ pub struct AuthorityState {
     policies: BTreeMap<ServiceKey, SignedPolicy>,
     node_keys: BTreeMap<NodeId, NodeKeyState>,
     audit: AuditLog,
+    /// Added to the Raft log index to form a registration's generation; raised by
+    /// [`AuthorityState::raise_floor`] when a backup starts a new cluster incarnation (whose
+    /// log indexes restart below generations the region already issued). 0 otherwise.
+    generation_offset: u64,
+    /// Set when this state was restored from a backup as a new cluster incarnation.
+    incarnation: Option<Incarnation>,
+    /// Downtime (ms) each down node had accrued at its `down_nodes` time, carried over from
+    /// earlier checkpoints and leaders. A node is present once a checkpoint or takeover has
+    /// counted it.
+    down_carried_ms: BTreeMap<NodeId, u64>,
+    /// Counter of lease checkpoints (`ExpireLeases` with nodes down, and takeovers).
+    lease_checkpoint: u64,
+}
+
+/// A cluster incarnation started by restoring a backup (see [`AuthorityState::raise_floor`]).
+/// Replicated with the state, so every replica (and one re-seeded by a Raft snapshot) reports
+/// the same one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Incarnation {
+    /// Operator-visible id of the incarnation (hex, chosen at the first restore and passed to
+    /// the restores of the other replicas).
+    pub cluster_id: String,
+    /// Every revision and generation issued by this incarnation is above this.
+    pub floor: u64,
+    /// Raft log index of the backup it was restored from (the snapshot's last log index).
+    pub restored_from_index: u64,
 }
 
 impl AuthorityState {
@@ -185,7 +216,57 @@ impl AuthorityState {
             policies: BTreeMap::new(),
             node_keys: BTreeMap::new(),
             audit: AuditLog::new(audit_capacity),
+            generation_offset: 0,
+            incarnation: None,
+            down_carried_ms: BTreeMap::new(),
+            lease_checkpoint: 0,
         }
+    }
+
+    /// Raises every counter the region's agents order by above `floor`, for a state restored
+    /// from a backup into a new cluster incarnation (`shoal authority snapshot restore`,
+    /// docs/adr/0007-authority-restore.md): the next lifecycle revision, the next policy
+    /// revision and the next generation (log index + offset) all become `> floor`. Counters
+    /// already above it are kept, so raising twice with the same floor is a no-op.
+    ///
+    /// `floor` must be at least every revision and generation the region issued before the
+    /// disaster (agents hold them and treat anything lower or equal as stale or duplicate).
+    ///
+    /// Records the new incarnation (`cluster_id`, `floor`). Applying the same floor and id to
+    /// the same backup gives byte-identical states, which is what lets every replica of the
+    /// new cluster be restored from the same file.
+    ///
+    /// # Errors
+    /// [`StateError::Invariant`] when `floor` is so close to `u64::MAX` that counters above it
+    /// could overflow (more than `u64::MAX - 2^62`); nothing is changed then.
+    pub fn raise_floor(&mut self, floor: u64, cluster_id: String) -> Result<(), StateError> {
+        if floor > u64::MAX - (1 << 62) {
+            return Err(StateError::Invariant(
+                "revision floor too close to u64::MAX",
+            ));
+        }
+        self.incarnation = Some(Incarnation {
+            cluster_id,
+            floor,
+            restored_from_index: self.last_applied_index,
+        });
+        let above = Revision(floor + 1);
+        self.next_revision = self.next_revision.max(above);
+        self.next_policy_revision = self.next_policy_revision.max(above);
+        let offset = floor.saturating_sub(self.last_applied_index);
+        self.generation_offset = self.generation_offset.max(offset);
+        Ok(())
+    }
+
+    /// The incarnation this state was restored as, if it was restored from a backup.
+    pub fn incarnation(&self) -> Option<&Incarnation> {
+        self.incarnation.as_ref()
+    }
+
+    /// The generation the next registration would get at Raft log index `log_index`
+    /// (`log_index` plus the offset set by [`AuthorityState::raise_floor`]).
+    pub fn generation_at(&self, log_index: u64) -> Generation {
+        Generation(log_index.saturating_add(self.generation_offset))
     }
 
     // ---- getters -------------------------------------------------------------------------
@@ -247,6 +328,20 @@ impl AuthorityState {
         self.down_nodes.get(node).copied()
     }
 
+    /// The lease checkpoint counter: a new leader measures the time since it applied this one
+    /// (see [`LeaseCredit`]).
+    pub fn lease_checkpoint(&self) -> u64 {
+        self.lease_checkpoint
+    }
+
+    /// How long `node` has been down at `now_ms` (current leader's clock) as far as the lease
+    /// safety net counts: checkpointed downtime plus time since its lease-clock start.
+    pub fn downtime_ms(&self, node: &NodeId, now_ms: u64) -> Option<u64> {
+        let since = *self.down_nodes.get(node)?;
+        let carried = self.down_carried_ms.get(node).copied().unwrap_or(0);
+        Some(carried.saturating_add(now_ms.saturating_sub(since)))
+    }
+
     /// Every node tracked as down with its lease-clock start, in node order.
     pub fn down_nodes(&self) -> impl Iterator<Item = (&NodeId, u64)> {
         self.down_nodes.iter().map(|(n, t)| (n, *t))
@@ -263,7 +358,9 @@ impl AuthorityState {
             .filter(|(_, _, b)| b.state() != LifecycleState::Expired)
             .filter_map(|(_, _, b)| {
                 let since = self.down_nodes.get(b.node())?;
-                Some(since.saturating_add(u64::from(b.lease_ms())))
+                let carried = self.down_carried_ms.get(b.node()).copied().unwrap_or(0);
+                let left = u64::from(b.lease_ms()).saturating_sub(carried);
+                Some(since.saturating_add(left))
             })
             .min()
     }
@@ -387,7 +484,7 @@ impl AuthorityState {
                     endpoint,
                     lease_ms,
                 };
-                let planned = self.plan_register(req, Generation(ctx.log_index))?;
+                let planned = self.plan_register(req, self.generation_at(ctx.log_index))?;
                 Ok((self.emit(vec![planned], ctx), None))
             }
             AuthorityCommand::Transition {
@@ -408,16 +505,18 @@ impl AuthorityState {
             }
             AuthorityCommand::NodeUp { node } => {
                 self.down_nodes.remove(&node);
+                self.down_carried_ms.remove(&node);
                 Ok((Vec::new(), None))
             }
             AuthorityCommand::ExpireLeases { now_ms } => {
                 let planned = self.plan_expiry(now_ms);
                 let out = self.emit(planned, ctx);
                 self.forget_idle_down_nodes();
+                self.checkpoint_leases(now_ms);
                 Ok((out, None))
             }
-            AuthorityCommand::LeaderTakeover { now_ms } => {
-                self.take_over(now_ms);
+            AuthorityCommand::LeaderTakeover { now_ms, credit } => {
+                self.take_over(now_ms, credit);
                 Ok((Vec::new(), None))
             }
             AuthorityCommand::PutPolicy {
@@ -658,9 +757,8 @@ impl AuthorityState {
         self.bindings()
             .filter(|(_, _, b)| b.state() != LifecycleState::Expired)
             .filter(|(_, _, b)| {
-                self.down_nodes
-                    .get(b.node())
-                    .is_some_and(|&since| now_ms.saturating_sub(since) >= u64::from(b.lease_ms()))
+                self.downtime_ms(b.node(), now_ms)
+                    .is_some_and(|down| down >= u64::from(b.lease_ms()))
             })
             .filter(|(_, _, b)| check_transition(Some(b.state()), to, reason).is_ok())
             .take(MAX_EXPIRE_BATCH)
@@ -760,15 +858,43 @@ impl AuthorityState {
             .collect();
         for n in idle {
             self.down_nodes.remove(&n);
+            self.down_carried_ms.remove(&n);
         }
     }
 
-    /// Rebases lease clocks onto the new leader's clock (see the type docs for why).
-    fn take_over(&mut self, now_ms: u64) {
-        for since in self.down_nodes.values_mut() {
+    /// Records every down node's downtime at `now_ms` (this leader's clock) and restarts its
+    /// lease clock there: a later leader resumes from it. Bumps the checkpoint counter when
+    /// anything is down.
+    fn checkpoint_leases(&mut self, now_ms: u64) {
+        if self.down_nodes.is_empty() {
+            return;
+        }
+        for (node, since) in &mut self.down_nodes {
+            let carried = self.down_carried_ms.entry(node.clone()).or_insert(0);
+            *carried = carried.saturating_add(now_ms.saturating_sub(*since));
+            *since = (*since).max(now_ms);
+        }
+        self.lease_checkpoint += 1;
+    }
+
+    /// Rebases lease clocks onto the new leader's clock (see the type docs for why), keeping
+    /// checkpointed downtime and adding `credit` when it refers to the latest checkpoint.
+    fn take_over(&mut self, now_ms: u64, credit: Option<LeaseCredit>) {
+        let credit_ms = credit
+            .filter(|c| c.checkpoint == self.lease_checkpoint)
+            .map_or(0, |c| c.elapsed_ms);
+        for (node, since) in &mut self.down_nodes {
+            // Only nodes the latest checkpoint counted get the credit: one reported down after
+            // it has been down for less than `credit_ms`, by an unknown amount.
+            let carried = match self.down_carried_ms.get(node) {
+                Some(c) => c.saturating_add(credit_ms),
+                None => 0,
+            };
+            self.down_carried_ms.insert(node.clone(), carried);
             *since = now_ms;
         }
         self.lease_floor_ms = now_ms;
+        self.lease_checkpoint += 1;
     }
 
     fn store_policy(
@@ -835,6 +961,13 @@ impl AuthorityState {
                 return fail("a revoked node with a key, or too many revoked keys");
             }
         }
+        if self
+            .down_carried_ms
+            .keys()
+            .any(|n| !self.down_nodes.contains_key(n))
+        {
+            return fail("carried downtime for a node that is not down");
+        }
         let mut revisions = BTreeSet::new();
         for (key, instance, b) in self.bindings() {
             let rec = &b.current.record;
@@ -847,7 +980,7 @@ impl AuthorityState {
             if rec.revision >= self.next_revision || !revisions.insert(rec.revision) {
                 return fail("binding revision not below next or not unique");
             }
-            if rec.generation.0 > self.last_applied_index {
+            if rec.generation > self.generation_at(self.last_applied_index) {
                 return fail("generation newer than the last applied index");
             }
         }
@@ -977,7 +1110,7 @@ fn summary(cmd: &AuthorityCommand) -> CommandSummary {
         AuthorityCommand::ExpireLeases { now_ms } => {
             CommandSummary::ExpireLeases { now_ms: *now_ms }
         }
-        AuthorityCommand::LeaderTakeover { now_ms } => {
+        AuthorityCommand::LeaderTakeover { now_ms, .. } => {
             CommandSummary::LeaderTakeover { now_ms: *now_ms }
         }
         AuthorityCommand::PutPolicy { key, .. } => CommandSummary::PutPolicy { key: key.clone() },

@@ -183,6 +183,8 @@ pub struct AuthorityStatus {
     pub revision: Revision,
     /// Voter node ids.
     pub members: Vec<NodeId>,
+    /// Id of the cluster incarnation a restore started (`None`: never restored).
+    pub cluster_id: Option<String>,
 }
 
 /// Why a request failed. The authority state is unchanged on every variant.

@@ -91,11 +91,14 @@ fn each_record_uses_its_own_lease() {
     let out = h.apply(expire(T0 + 5_000)).unwrap();
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].record.instance, inst("short"));
+    // The batch was also a checkpoint: the clock restarted there with 5 s carried, so long's
+    // deadline is unchanged.
     assert_eq!(
-        h.state.down_since_ms(&node_id(0)),
-        Some(T0),
+        h.state.downtime_ms(&node_id(0), T0 + 5_000),
+        Some(5_000),
         "long is still live"
     );
+    assert_eq!(h.state.next_lease_deadline_ms(), Some(T0 + LEASE));
 }
 
 #[test]

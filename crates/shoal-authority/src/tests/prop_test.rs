@@ -198,7 +198,10 @@ fn command(h: &Harness, now_ms: &mut u64, op: Op) -> Option<AuthorityCommand> {
             } else {
                 now_ms.saturating_sub(u64::from(jump_ms))
             };
-            AuthorityCommand::LeaderTakeover { now_ms: *now_ms }
+            AuthorityCommand::LeaderTakeover {
+                now_ms: *now_ms,
+                credit: None,
+            }
         }
         Op::PutPolicy {
             caller: c,

@@ -20,8 +20,11 @@ fn busy() -> Harness {
         at_ms: 7,
     })
     .unwrap();
-    h.apply(AuthorityCommand::LeaderTakeover { now_ms: 70 })
-        .unwrap();
+    h.apply(AuthorityCommand::LeaderTakeover {
+        now_ms: 70,
+        credit: None,
+    })
+    .unwrap();
     h.apply(AuthorityCommand::PutPolicy {
         caller: Caller::Operator,
         key: h.fx.key.clone(),
@@ -64,4 +67,40 @@ fn truncated_snapshots_are_refused() {
             Err(StateError::Decode(_))
         ));
     }
+}
+
+#[test]
+fn raising_the_floor_puts_every_new_revision_and_generation_above_it() {
+    let mut h = busy();
+    let before = h.state.clone();
+    h.state.raise_floor(0, "c0".into()).unwrap();
+    assert_eq!(
+        h.state.next_revision(),
+        before.next_revision(),
+        "a low floor keeps counters"
+    );
+    let floor = 1_000;
+    h.state.raise_floor(floor, "c1".into()).unwrap();
+    let once = h.state.clone();
+    h.state.raise_floor(floor, "c1".into()).unwrap();
+    assert_eq!(
+        once, h.state,
+        "raising twice with the same floor is a no-op"
+    );
+    assert_eq!(h.state.incarnation().unwrap().cluster_id, "c1");
+    let back = AuthorityState::decode(&h.state.encode()).unwrap();
+    assert_eq!(back, h.state);
+    let drained = h
+        .apply(h.transition(node(0), "a-1", 1, Draining, DrainRequested))
+        .unwrap();
+    assert_eq!(drained[0].record.revision.0, floor + 1);
+    let again = h.apply(h.register(0, "a-1")).unwrap();
+    assert!(
+        again[0].record.generation.0 > floor,
+        "{:?}",
+        again[0].record
+    );
+    assert!(again[0].record.revision.0 > floor + 1);
+    h.state.check_invariants().unwrap();
+    assert!(h.state.raise_floor(u64::MAX - 1, "c2".into()).is_err());
 }

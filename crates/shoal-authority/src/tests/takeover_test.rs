@@ -18,7 +18,10 @@ fn expire(now_ms: u64) -> AuthorityCommand {
 }
 
 fn takeover(now_ms: u64) -> AuthorityCommand {
-    AuthorityCommand::LeaderTakeover { now_ms }
+    AuthorityCommand::LeaderTakeover {
+        now_ms,
+        credit: None,
+    }
 }
 
 #[test]
@@ -72,4 +75,125 @@ fn repeated_takeovers_grant_one_lease_from_the_last() {
     h.apply(takeover(LEASE)).unwrap();
     assert_eq!(h.apply(expire(LEASE + LEASE / 2)).unwrap(), vec![]);
     assert_eq!(h.apply(expire(2 * LEASE)).unwrap().len(), 1);
+}
+
+/// Virtual-time model of leader churn (issue 14 item 2, etcd-io/etcd#9888): node-0 goes down
+/// at real time 0; the leader proposes an `ExpireLeases` (expiry + checkpoint) every
+/// `CHECKPOINT` ms, each committed and applied on every replica `COMMIT` ms later; the leader
+/// dies every lease/3 (for up to three leases) and the next one takes over `ELECTION` ms
+/// later with its own clock (wildly different offsets). Returns the real time at which the
+/// record expired.
+fn churn(with_credit: bool) -> u64 {
+    const CHECKPOINT: u64 = 2_000;
+    const COMMIT: u64 = 50;
+    const ELECTION: u64 = 1_500;
+    let offsets = [
+        7_000_000,
+        3,
+        900_000_000,
+        120_000,
+        5,
+        86_400_000,
+        42,
+        1_000_000,
+        777,
+        31_000,
+    ];
+    let mut h = Harness::new();
+    h.apply(h.register(0, "a-1")).unwrap();
+    let mut leader = 0usize;
+    let clock = |l: usize, t: u64| offsets[l] + t;
+    h.apply(takeover(clock(0, 0))).unwrap();
+    h.apply(down(0, clock(0, 0))).unwrap();
+    // (checkpoint counter, real time it was applied on the replicas).
+    let mut applied: (u64, u64) = (h.state.lease_checkpoint(), 0);
+    let mut t = 0u64;
+    let mut next_death = LEASE / 3;
+    let mut takeovers = 0;
+    loop {
+        t += CHECKPOINT;
+        if takeovers < 9 && t + COMMIT > next_death {
+            // The leader dies before this proposal commits; a new one takes over.
+            let take_at = next_death + ELECTION;
+            leader += 1;
+            takeovers += 1;
+            let credit = with_credit.then(|| crate::LeaseCredit {
+                checkpoint: applied.0,
+                elapsed_ms: take_at - applied.1,
+            });
+            h.apply(AuthorityCommand::LeaderTakeover {
+                now_ms: clock(leader, take_at),
+                credit,
+            })
+            .unwrap();
+            applied = (h.state.lease_checkpoint(), take_at + COMMIT);
+            t = take_at;
+            next_death += LEASE / 3;
+            continue;
+        }
+        let out = h.apply(expire(clock(leader, t))).unwrap();
+        applied = (h.state.lease_checkpoint(), t + COMMIT);
+        if !out.is_empty() {
+            assert_eq!(out[0].record.state, Expired);
+            assert!(
+                takeovers >= 2,
+                "churn happened during the lease: {takeovers}"
+            );
+            return t;
+        }
+        assert!(t < 10 * LEASE, "never expired");
+    }
+}
+
+#[test]
+fn leader_churn_every_third_of_a_lease_does_not_extend_expiry_past_lease_plus_grace() {
+    let expired_at = churn(true);
+    // Grace: one election (the deadline may fall while no leader exists) plus one checkpoint
+    // interval (the cadence at which expiry is noticed) plus the commit latency each takeover
+    // forgets (at most 9 of them).
+    let grace = 1_500 + 2_000 + 9 * 50;
+    assert!(expired_at >= LEASE, "expired early at {expired_at}");
+    assert!(
+        expired_at <= LEASE + grace,
+        "expired at {expired_at} ms, lease {LEASE} + grace {grace}"
+    );
+    // Without the credit only checkpointed downtime survives a takeover: each forgets up to
+    // a checkpoint interval plus the election, still bounded per takeover but growing with
+    // their number. (Before checkpoints, each takeover restarted the whole lease.)
+    let without = churn(false);
+    assert!(without > expired_at && without <= LEASE + 9 * (2_000 + 1_500) + 2_000);
+    eprintln!("lease {LEASE} ms: expired at {expired_at} ms with credit, {without} ms without");
+}
+
+#[test]
+fn a_takeover_credits_only_the_latest_checkpoint_and_only_nodes_it_counted() {
+    let mut h = Harness::new();
+    h.apply(h.register(0, "a-1")).unwrap();
+    h.apply(h.register(1, "b-1")).unwrap();
+    h.apply(down(0, 1_000)).unwrap();
+    h.apply(expire(11_000)).unwrap(); // checkpoint: node-0 down 10 s
+    let cp = h.state.lease_checkpoint();
+    h.apply(down(1, 12_000)).unwrap(); // after the checkpoint: not credited
+    h.apply(AuthorityCommand::LeaderTakeover {
+        now_ms: 500,
+        credit: Some(crate::LeaseCredit {
+            checkpoint: cp,
+            elapsed_ms: 4_000,
+        }),
+    })
+    .unwrap();
+    assert_eq!(h.state.downtime_ms(&node_id(0), 500), Some(14_000));
+    assert_eq!(h.state.downtime_ms(&node_id(1), 500), Some(0));
+    // A stale credit (an older checkpoint) credits nothing.
+    let stale = Some(crate::LeaseCredit {
+        checkpoint: cp,
+        elapsed_ms: 100_000,
+    });
+    h.apply(AuthorityCommand::LeaderTakeover {
+        now_ms: 900,
+        credit: stale,
+    })
+    .unwrap();
+    assert_eq!(h.state.downtime_ms(&node_id(0), 900), Some(14_000));
+    h.state.check_invariants().unwrap();
 }

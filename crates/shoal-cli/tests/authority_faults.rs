@@ -1,0 +1,699 @@
+//! Cross-process fault tests of the region authority (issue 14), three `shoal authority run`
+//! replicas and real agents; the harness is the one of `authority_cluster.rs` (trimmed).
+//! - disaster recovery (docs/adr/0007-authority-restore.md): `snapshot save` on a young
+//!   cluster, acknowledged writes after the backup, every replica stopped, the backup restored
+//!   as a new cluster incarnation;
+//! - leases under leader churn (docs/adr/0008-lease-checkpoints.md): an owner killed, the
+//!   leader killed every lease/3.
+//!
+//! Every wait polls with a bounded deadline; no fixed sleeps.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{endpoint, eventually, Agent, MEMBERSHIP, PORT};
+use serde_json::Value;
+use shoal_authority_server::config::to_hex;
+use shoal_proto::{NodeId, Region, SigningKey};
+use shoal_transport::certs;
+
+const SVC: &str = "/v1/services/prod/web/http";
+const RAFT_PORT: u16 = 27201;
+const RPC_PORT: u16 = 27200;
+const MESH_PORT: u16 = 27202;
+const METRICS_PORT: u16 = 29465;
+const WAIT: Duration = Duration::from_secs(40);
+
+struct Authority {
+    name: String,
+    config: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Authority {
+    fn start(&mut self) {
+        assert!(self.child.is_none());
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        self.child = Some(
+            Command::new(env!("CARGO_BIN_EXE_shoal"))
+                .args(["authority", "run", "--config"])
+                .arg(&self.config)
+                .env("RUST_LOG", "info,openraft=warn")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .unwrap(),
+        );
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Authority {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+struct Region3 {
+    tmp: tempfile::TempDir,
+    subnet: u8,
+    auths: Vec<Authority>,
+    agents: Vec<Agent>,
+}
+
+impl Drop for Region3 {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for a in &self.auths {
+                let t = std::fs::read_to_string(&a.log).unwrap_or_default();
+                eprintln!("---- {} ----", a.name);
+                for l in t
+                    .lines()
+                    .rev()
+                    .take(25)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                {
+                    eprintln!("{l}");
+                }
+            }
+            for a in &self.agents {
+                let t = a.log();
+                eprintln!("---- {} ----", a.name);
+                for l in t
+                    .lines()
+                    .rev()
+                    .take(15)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                {
+                    eprintln!("{l}");
+                }
+            }
+        }
+        for a in &mut self.agents {
+            a.kill9();
+        }
+        for a in &mut self.auths {
+            a.kill9();
+        }
+        let _ = self.tmp.path();
+    }
+}
+
+fn agent_ip(subnet: u8, i: usize) -> String {
+    format!("127.0.{subnet}.{}", i + 1)
+}
+fn auth_ip(subnet: u8, i: usize) -> String {
+    format!("127.0.{subnet}.{}", i + 11)
+}
+
+impl Region3 {
+    /// 3 authorities (each with an embedded mesh member) and `n` agents trusting the region key.
+    fn new(subnet: u8, n: usize) -> Self {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let region: Region = "dev".parse().unwrap();
+        let ca = certs::create_ca(&region, dir).unwrap();
+        let seed = [subnet; 32];
+        let region_key = SigningKey::from_seed(seed);
+        std::fs::write(dir.join("region.key"), to_hex(&seed)).unwrap();
+        let pubkey = to_hex(&region_key.verifying_key().to_bytes());
+        let names: Vec<String> = (0..n)
+            .map(|i| format!("node-{}", (b'a' + i as u8) as char))
+            .collect();
+        let extra = ["node-x".to_owned()]; // the rogue member of the bad-signature check
+        for name in names
+            .iter()
+            .cloned()
+            .chain((1..=3).map(|i| format!("auth-{i}")))
+            .chain(extra)
+        {
+            certs::create_node_cert(
+                &ca,
+                &name.parse::<NodeId>().unwrap(),
+                &region,
+                &certs::ExtraSans::default(),
+                dir,
+            )
+            .unwrap();
+        }
+        let agent_addrs: Vec<String> = (0..n)
+            .map(|i| format!("\"{}:{PORT}\"", agent_ip(subnet, i)))
+            .collect();
+        let mesh_addrs: Vec<String> = (0..3)
+            .map(|i| format!("\"{}:{MESH_PORT}\"", auth_ip(subnet, i)))
+            .collect();
+        let rpc_addrs: Vec<String> = (0..3)
+            .map(|i| format!("\"{}:{RPC_PORT}\"", auth_ip(subnet, i)))
+            .collect();
+        let mut members = String::new();
+        for i in 0..3 {
+            let ip = auth_ip(subnet, i);
+            members.push_str(&format!(
+                "[[members]]\nid = {}\nnode = \"auth-{}\"\nraft_addr = \"{ip}:{RAFT_PORT}\"\nrpc_addr = \"{ip}:{RPC_PORT}\"\n\n",
+                i + 1,
+                i + 1
+            ));
+        }
+        // The agents' SWIM timings (common::MEMBERSHIP) without the agent-only key.
+        let knobs: String = MEMBERSHIP
+            .lines()
+            .filter(|l| !l.starts_with('['))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let mut auths = Vec::new();
+        for i in 0..3 {
+            let name = format!("auth-{}", i + 1);
+            let config = dir.join(format!("{name}.toml"));
+            let text = format!(
+                "id = {}\nregion = \"dev\"\ndata_dir = \"{}\"\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
+                 signing_key = \"{}\"\nheartbeat_ms = 100\nelection_timeout_ms = 500\nwrite_timeout_ms = 2000\n\
+                 quorum_stale_ms = 1000\nexpire_interval_ms = 200\n\
+                 mesh_addr = \"{}:{MESH_PORT}\"\nmesh_seeds = [{}]\n\n[mesh]\ncluster_size = 8\njoin_max_ms = 1000\n\
+                 absent_grace_ms = 5000\n{knobs}\n{members}",
+                i + 1,
+                dir.join(format!("data-{name}")).display(),
+                dir.join("dev-ca.pem").display(),
+                dir.join(format!("dev-node-{name}.pem")).display(),
+                dir.join(format!("dev-node-{name}-key.pem")).display(),
+                dir.join("region.key").display(),
+                auth_ip(subnet, i),
+                agent_addrs.join(", "),
+            );
+            std::fs::write(&config, text).unwrap();
+            auths.push(Authority {
+                log: dir.join(format!("{name}.log")),
+                name,
+                config,
+                child: None,
+            });
+        }
+        let mut agents = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let ip = agent_ip(subnet, i);
+            let seeds: Vec<String> = agent_addrs
+                .iter()
+                .filter(|a| !a.contains(&format!("{ip}:")))
+                .chain(mesh_addrs.iter())
+                .cloned()
+                .collect();
+            let authority = format!(
+                "addresses = [{}]\nrpc_timeout_ms = 500\nrpc_budget_ms = 4000\nstatus_interval_ms = 300",
+                rpc_addrs.join(", ")
+            );
+            let trust = format!("authority_keys = [\"{pubkey}\"]");
+            agents.push(write_agent(
+                dir,
+                name,
+                &ip,
+                &seeds.join(", "),
+                &trust,
+                &authority,
+            ));
+        }
+        Self {
+            tmp,
+            subnet,
+            auths,
+            agents,
+        }
+    }
+
+    fn start_all(&mut self) {
+        for a in &mut self.auths {
+            a.start();
+        }
+        for a in &mut self.agents {
+            a.start();
+        }
+    }
+}
+
+fn write_agent(
+    dir: &Path,
+    name: &str,
+    ip: &str,
+    seeds: &str,
+    trust: &str,
+    authority: &str,
+) -> Agent {
+    let config = dir.join(format!("{name}.toml"));
+    let socket = dir.join(format!("{name}.sock"));
+    let text = format!(
+        "node_id = \"{name}\"\nregion = \"dev\"\nzone = \"z1\"\ndata_dir = \"data-{name}\"\nlisten = \"{ip}:{PORT}\"\n\
+         socket = \"{}\"\nmetrics = \"{ip}:{METRICS_PORT}\"\nseeds = [{seeds}]\ncluster_size = 8\n\n\
+         [tls]\nca = \"dev-ca.pem\"\ncert = \"dev-node-{name}.pem\"\nkey = \"dev-node-{name}-key.pem\"\n\n\
+         [trust]\n{trust}\n\n[authority]\n{authority}\n\n[persist]\ninterval_ms = 300\n\n\
+         [api]\nstaleness_budget_ms = 2000\n\n[join]\nbase_ms = 100\nmax_ms = 1000\n\n{MEMBERSHIP}",
+        socket.display()
+    );
+    std::fs::write(&config, text).unwrap();
+    Agent {
+        name: name.to_owned(),
+        ip: ip.to_owned(),
+        dir: dir.to_owned(),
+        config,
+        socket,
+        child: None,
+    }
+}
+
+/// Registers `instance` at `agent` (retrying while the authority elects a leader), optionally
+/// with a lease, and returns the response.
+fn register(agent: &Agent, instance: &str, lease_ms: Option<u32>) -> Value {
+    let lease = lease_ms.map_or(String::new(), |l| format!(",\"lease_ms\":{l}"));
+    let body = format!(
+        "{{\"instance\":\"{instance}\",\"address\":\"{}:{}\"{lease}}}",
+        agent.ip,
+        8000 + instance.len()
+    );
+    eventually(
+        WAIT,
+        &format!("register {instance} at {}", agent.name),
+        || {
+            let (code, v) = agent.post(&format!("{SVC}/register"), &body)?;
+            (code == 200).then_some(v)
+        },
+    )
+}
+
+fn transition(agent: &Agent, instance: &str, action: &str) -> Value {
+    eventually(
+        WAIT,
+        &format!("{action} {instance} at {}", agent.name),
+        || {
+            let (code, v) = agent.post(&format!("{SVC}/instances/{instance}/{action}"), "")?;
+            (code == 200).then_some(v)
+        },
+    )
+}
+
+fn endpoint_at(agent: &Agent, instance: &str) -> Option<Value> {
+    let (_, v) = agent.get(&format!("{SVC}/endpoints"))?;
+    endpoint(&v, instance).cloned()
+}
+
+fn wait_state(agent: &Agent, instance: &str, state: &str) -> Value {
+    eventually(
+        WAIT,
+        &format!("{} sees {instance} {state}", agent.name),
+        || endpoint_at(agent, instance).filter(|e| e["state"] == state),
+    )
+}
+
+fn wait_members(agent: &Agent, n: u64) {
+    eventually(WAIT, &format!("{} sees {n} members", agent.name), || {
+        let (_, v) = agent.get("/v1/agent/self")?;
+        (v["members"].as_u64()? >= n && v["active"] == true).then_some(())
+    });
+}
+
+/// Status of replica `i` as JSON, via `shoal authority status`.
+fn status_json(r: &Region3, i: usize) -> Option<Value> {
+    let dir = r.tmp.path();
+    let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
+        .args(["authority", "status", "--timeout-ms", "1000", "--addr"])
+        .arg(format!("{}:{RPC_PORT}", auth_ip(r.subnet, i)))
+        .arg("--ca")
+        .arg(dir.join("dev-ca.pem"))
+        .arg("--cert")
+        .arg(dir.join("dev-node-node-a.pem"))
+        .arg("--key")
+        .arg(dir.join("dev-node-node-a-key.pem"))
+        .output()
+        .ok()?;
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+fn data_dir(r: &Region3, i: usize) -> PathBuf {
+    r.tmp.path().join(format!("data-auth-{}", i + 1))
+}
+
+/// Runs `shoal authority snapshot <args>`; (success, stdout, stderr).
+fn snapshot_cmd(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
+        .args(["authority", "snapshot"])
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Largest (revision, generation) an agent holds for any endpoint.
+fn max_marker(agent: &Agent) -> (u64, u64) {
+    let (_, v) = agent.get(&format!("{SVC}/endpoints")).unwrap();
+    v["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["revision"].as_u64().unwrap(),
+                e["generation"].as_u64().unwrap(),
+            )
+        })
+        .fold((0, 0), |(r, g), (r2, g2)| (r.max(r2), g.max(g2)))
+}
+
+/// The `log_index` of every audit entry line of a replica's audit.log (other lines skipped).
+fn audited_indexes(dir: &Path) -> Vec<u64> {
+    std::fs::read_to_string(dir.join("audit.log"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| v["log_index"].as_u64())
+        .collect()
+}
+
+fn assert_each_once(what: &str, idx: &[u64]) {
+    let mut seen = std::collections::BTreeSet::new();
+    for i in idx {
+        assert!(
+            seen.insert(*i),
+            "{what}: log index {i} audited twice: {idx:?}"
+        );
+    }
+}
+
+#[test]
+fn restore_starts_a_new_cluster_above_every_acknowledged_revision() {
+    let started = Instant::now();
+    let mut r = Region3::new(64, 2);
+    r.start_all();
+    for a in &r.agents {
+        wait_members(a, 4);
+    }
+    let (a, b) = (&r.agents[0], &r.agents[1]);
+    register(a, "web-1", None);
+    transition(a, "web-1", "ready");
+    register(b, "web-2", None);
+    transition(b, "web-2", "ready");
+
+    // A young cluster (snapshot_every_logs = 1000) has no snapshot yet: save asks for one.
+    assert!(!data_dir(&r, 0).join("snapshot.bin").exists());
+    let backup = r.tmp.path().join("backup.snap");
+    let dd0 = data_dir(&r, 0);
+    let (ok, out, err) = snapshot_cmd(&[
+        "save",
+        backup.to_str().unwrap(),
+        "--data-dir",
+        dd0.to_str().unwrap(),
+    ]);
+    assert!(ok, "save on a young running cluster: {out} {err}");
+    assert!(backup.exists());
+
+    // Acknowledged writes after the backup: a drain, a new instance.
+    let drained = transition(a, "web-1", "drain");
+    let drained_rev = drained["revision"].as_u64().unwrap();
+    register(a, "web-3", None);
+    let ready3 = transition(a, "web-3", "ready");
+    for ag in &r.agents {
+        wait_state(ag, "web-1", "DRAINING");
+        wait_state(ag, "web-3", "READY");
+    }
+    let acked_max = ready3["revision"].as_u64().unwrap().max(drained_rev);
+    let (held_rev, held_gen) = max_marker(b);
+    assert!(held_rev >= acked_max, "{held_rev} < {acked_max}");
+    eprintln!("before restore: agents hold revision <= {held_rev}, generation <= {held_gen}");
+
+    // Restore into a running replica is refused and changes nothing.
+    let (ok, _, err) = snapshot_cmd(&[
+        "restore",
+        backup.to_str().unwrap(),
+        "--data-dir",
+        dd0.to_str().unwrap(),
+        "--force-new-cluster",
+    ]);
+    assert!(!ok, "restore into a running replica must be refused");
+    assert!(err.contains("running replica"), "{err}");
+    assert!(status_json(&r, 0).is_some(), "the replica still runs");
+
+    for au in &mut r.auths {
+        au.kill9();
+    }
+    // Stopped but still a cluster member: refused without --force-new-cluster.
+    let (ok, _, err) = snapshot_cmd(&[
+        "restore",
+        backup.to_str().unwrap(),
+        "--data-dir",
+        dd0.to_str().unwrap(),
+    ]);
+    assert!(
+        !ok,
+        "restore over a cluster's vote and log needs --force-new-cluster"
+    );
+    assert!(err.contains("--force-new-cluster"), "{err}");
+    assert!(
+        dd0.join("raft.log").exists(),
+        "a refused restore touched nothing"
+    );
+
+    // The operator's floor: the largest revision and generation the agents hold.
+    let floor = held_rev
+        .max(held_gen)
+        .max(max_marker(a).0)
+        .max(max_marker(a).1);
+    let floor_s = floor.to_string();
+    let (ok, out, err) = snapshot_cmd(&[
+        "restore",
+        backup.to_str().unwrap(),
+        "--data-dir",
+        dd0.to_str().unwrap(),
+        "--floor",
+        &floor_s,
+        "--force-new-cluster",
+    ]);
+    assert!(ok, "{out} {err}");
+    let backup_index: u64 = out
+        .split("log index ")
+        .nth(1)
+        .and_then(|t| t.split(')').next())
+        .and_then(|t| t.parse().ok())
+        .unwrap();
+    let cluster_id = out
+        .split("as new cluster ")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .unwrap()
+        .to_owned();
+    assert!(
+        dd0.join(format!("pre-restore-{cluster_id}"))
+            .join("raft.log")
+            .exists(),
+        "the old log is moved aside, not deleted"
+    );
+    // auth-2 is seeded the same way; auth-3 is left out for now, with the old incarnation's
+    // longer log: it must not disturb the new cluster.
+    let dd1 = data_dir(&r, 1);
+    let (ok, out, err) = snapshot_cmd(&[
+        "restore",
+        backup.to_str().unwrap(),
+        "--data-dir",
+        dd1.to_str().unwrap(),
+        "--floor",
+        &floor_s,
+        "--cluster-id",
+        &cluster_id,
+        "--force-new-cluster",
+    ]);
+    assert!(ok, "{out} {err}");
+    for au in &mut r.auths {
+        au.start();
+    }
+    for i in 0..2 {
+        eventually(WAIT, &format!("auth-{} in the new cluster", i + 1), || {
+            let v = status_json(&r, i)?;
+            (v["cluster_id"] == cluster_id.as_str() && v["leader"].is_string()).then_some(())
+        });
+    }
+    // New writes after the restore are above everything acknowledged before, and the agents
+    // that hold the pre-restore records apply them.
+    let d2 = transition(b, "web-2", "drain");
+    let rev2 = d2["revision"].as_u64().unwrap();
+    assert!(
+        rev2 > held_rev,
+        "revision {rev2} after restore <= {held_rev} held before"
+    );
+    let d1 = transition(a, "web-1", "drain");
+    assert!(d1["revision"].as_u64().unwrap() > rev2, "{d1}");
+    let re3 = register(a, "web-3", None);
+    let gen3 = re3["generation"].as_u64().unwrap();
+    assert!(
+        gen3 > held_gen,
+        "generation {gen3} after restore <= {held_gen} held before"
+    );
+    for ag in &r.agents {
+        let e = wait_state(ag, "web-2", "DRAINING");
+        assert_eq!(e["revision"].as_u64(), Some(rev2), "{} {e}", ag.name);
+        eventually(
+            WAIT,
+            &format!("{} applies web-1's new drain", ag.name),
+            || {
+                let e = endpoint_at(ag, "web-1")?;
+                (e["revision"].as_u64()? > drained_rev).then_some(())
+            },
+        );
+        eventually(
+            WAIT,
+            &format!("{} applies web-3's new generation", ag.name),
+            || {
+                let e = endpoint_at(ag, "web-3")?;
+                (e["generation"].as_u64()? == gen3 && e["state"] == "STARTING").then_some(())
+            },
+        );
+    }
+
+    // The left-out replica stayed in the old incarnation and its calls were refused.
+    let v3 = status_json(&r, 2).unwrap();
+    assert!(v3["cluster_id"].is_null(), "{v3}");
+    assert!(v3["revision"].as_u64().unwrap() <= held_rev, "{v3}");
+    eventually(
+        WAIT,
+        "a new replica refused the old incarnation's calls",
+        || {
+            let logs: String = r.auths[..2]
+                .iter()
+                .map(|a| std::fs::read_to_string(&a.log).unwrap_or_default())
+                .collect();
+            logs.contains("another cluster incarnation").then_some(())
+        },
+    );
+
+    // Re-seed it by wiping: a pristine replica joins and installs the new cluster's snapshot.
+    r.auths[2].kill9();
+    let dd2 = data_dir(&r, 2);
+    std::fs::remove_dir_all(&dd2).unwrap();
+    r.auths[2].start();
+    eventually(WAIT, "auth-3 re-seeded into the new cluster", || {
+        let v = status_json(&r, 2)?;
+        (v["cluster_id"] == cluster_id.as_str() && v["revision"].as_u64()? >= rev2).then_some(())
+    });
+
+    // Audit: in the new incarnation's audit.log every applied index appears once; the old
+    // cluster's lines moved aside with its log. auth-3 got the entries it never applied
+    // from the installed snapshot's audit ring.
+    for i in 0..3 {
+        let dd = data_dir(&r, i);
+        let idx = audited_indexes(&dd);
+        assert!(!idx.is_empty(), "auth-{} audited the new writes", i + 1);
+        assert_each_once(&format!("auth-{}", i + 1), &idx);
+        if i < 2 {
+            let text = std::fs::read_to_string(dd.join("audit.log")).unwrap();
+            assert!(text.starts_with("{\"restored\""), "{text}");
+        }
+    }
+    let leader_idx = audited_indexes(&dd0);
+    let seeded_idx = audited_indexes(&dd2);
+    for i in &leader_idx {
+        assert!(
+            seeded_idx.contains(i),
+            "auth-3 lacks audit index {i}: {seeded_idx:?}"
+        );
+    }
+    assert!(
+        seeded_idx.iter().any(|&i| i <= backup_index),
+        "auth-3 audited the entries of the snapshot it installed (<= {backup_index}): {seeded_idx:?}"
+    );
+    for a in &r.auths {
+        let t = std::fs::read_to_string(&a.log).unwrap_or_default();
+        let bad: Vec<&str> = t.lines().filter(|l| l.contains("panicked")).collect();
+        assert!(bad.is_empty(), "{}: {bad:?}", a.name);
+    }
+    eprintln!("restore test took {:?}", started.elapsed());
+}
+
+/// Kill an owner node, then kill the authority leader every lease/3 (restarting the one killed
+/// before, so a quorum stays) for three leases: the dead node's instance is EXPIRED within
+/// detection + lease + a bounded grace, not one lease after the last leader change.
+#[test]
+fn leader_churn_every_third_of_a_lease_does_not_postpone_expiry() {
+    const LEASE_MS: u64 = 9_000;
+    let mut r = Region3::new(65, 3);
+    r.start_all();
+    for a in &r.agents {
+        wait_members(a, 5);
+    }
+    register(&r.agents[1], "web-9", Some(LEASE_MS as u32));
+    transition(&r.agents[1], "web-9", "ready");
+    for a in &r.agents {
+        wait_state(a, "web-9", "READY");
+    }
+    let killed = Instant::now();
+    r.agents[1].kill9();
+    let mut kills = 0;
+    let mut next_kill = killed + Duration::from_millis(LEASE_MS / 3);
+    let churn_end = killed + Duration::from_millis(3 * LEASE_MS);
+    let give_up = killed + Duration::from_millis(6 * LEASE_MS);
+    let expired_after = loop {
+        let now = Instant::now();
+        assert!(now < give_up, "web-9 never expired ({kills} leader kills)");
+        let gone = endpoint_at(&r.agents[0], "web-9").is_none()
+            && r.agents[0].get(&format!("{SVC}/endpoints")).is_some();
+        if gone {
+            break killed.elapsed();
+        }
+        if now >= next_kill && now < churn_end {
+            next_kill += Duration::from_millis(LEASE_MS / 3);
+            // Bring back the replica killed last time (it rejoins as a follower), then kill
+            // the current leader: the next one is another replica, elected by the other two.
+            for a in r.auths.iter_mut().filter(|a| a.child.is_none()) {
+                a.start();
+            }
+            let leader =
+                (0..3).find_map(|i| status_json(&r, i)?["leader"].as_str().map(str::to_owned));
+            if let Some(name) = leader {
+                let i = r.auths.iter().position(|a| a.name == name).unwrap();
+                r.auths[i].kill9();
+                kills += 1;
+            }
+        }
+        std::thread::yield_now();
+    };
+    let takeovers: usize = r
+        .auths
+        .iter()
+        .map(|a| {
+            std::fs::read_to_string(&a.log)
+                .unwrap_or_default()
+                .matches("leader takeover committed")
+                .count()
+        })
+        .sum();
+    eprintln!(
+        "web-9 (lease {LEASE_MS} ms) expired {expired_after:?} after its node was killed; \
+         {kills} leader kills, {takeovers} takeovers committed"
+    );
+    assert!(
+        kills >= 2,
+        "the leader was churned during the lease ({kills} kills)"
+    );
+    // Detection, then the lease, then at most an election plus a checkpoint interval and the
+    // expiry cadence (test config: election 0.5-1 s, checkpoint 2 s), plus CI slack.
+    let bound = common::detection_bound() + Duration::from_millis(LEASE_MS + 1_000 + 2_000 + 3_000);
+    assert!(
+        expired_after <= bound,
+        "expired after {expired_after:?} > {bound:?} with {kills} leader kills"
+    );
+}
