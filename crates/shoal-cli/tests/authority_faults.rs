@@ -134,7 +134,12 @@ impl Region3 {
         let ca = certs::create_ca(&region, dir).unwrap();
         let seed = [subnet; 32];
         let region_key = SigningKey::from_seed(seed);
-        std::fs::write(dir.join("region.key"), to_hex(&seed)).unwrap();
+        shoal_transport::keyfile::write_private(
+            &dir.join("region.key"),
+            to_hex(&seed).as_bytes(),
+            shoal_transport::keyfile::Overwrite::Refuse,
+        )
+        .unwrap();
         let pubkey = to_hex(&region_key.verifying_key().to_bytes());
         let names: Vec<String> = (0..n)
             .map(|i| format!("node-{}", (b'a' + i as u8) as char))
