@@ -412,18 +412,13 @@ pub fn start_probes(
     let s = shared.clone();
     let handle = tokio::spawn(async move {
         let (tx, mut rx) = mpsc::channel(16);
-        let probes = tokio::spawn(crate::probes::run_instance(
-            set,
-            addr,
-            exec_as,
-            s.probe_permits.clone(),
-            tx,
-        ));
+        // Aborted with this task (stop_probes): the guard's drop aborts the probe loop.
+        let _probes =
+            crate::probes::spawn_instance(set, addr, exec_as, s.probe_permits.clone(), tx);
         let mut reported_failing = false;
         while let Some(sig) = rx.recv().await {
             on_probe_signal(&s, &key, &instance, generation, sig, &mut reported_failing).await;
         }
-        probes.abort();
     });
     shared
         .probe_tasks

@@ -519,7 +519,25 @@ pub async fn run_instance(
     }
 }
 
-struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
+/// Starts [`run_instance`] as its own task and returns a guard that aborts it (and with it the
+/// liveness task it owns) when dropped. The caller keeps the guard inside the task that stands
+/// for the instance's probes, so aborting that task stops the probes: a detached probe task would
+/// keep running commands as the registrant, or keep dialling its target, after a deregister.
+pub fn spawn_instance(
+    set: ProbeSet,
+    addr: SocketAddr,
+    exec_as: Option<ExecAs>,
+    sem: Arc<Semaphore>,
+    tx: mpsc::Sender<ProbeSignal>,
+) -> AbortOnDrop {
+    AbortOnDrop(Some(tokio::spawn(run_instance(
+        set, addr, exec_as, sem, tx,
+    ))))
+}
+
+/// Aborts the task it holds when dropped.
+#[must_use = "dropping the guard aborts the task at once"]
+pub struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
@@ -558,6 +576,49 @@ mod tests {
             failure_threshold: 1,
         };
         assert!(p.validate().is_err());
+    }
+
+    /// Regression: deregistering aborted only the outer task and left the probe loop running
+    /// (an exec probe kept running as the registrant every period). Aborting the task that
+    /// holds the guard must end the probe tasks: their senders drop, so `recv` ends.
+    #[tokio::test]
+    async fn aborting_the_holder_stops_every_probe_task() {
+        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = closed.local_addr().unwrap();
+        drop(closed);
+        let tcp = || {
+            let mut s = spec(ProbeAction::Tcp { address: None });
+            if let Some(s) = s.as_mut() {
+                s.period_ms = 50;
+                s.timeout_ms = 20;
+            }
+            s
+        };
+        let set = ProbeSet {
+            startup: None,
+            readiness: tcp(),
+            liveness: tcp(),
+        };
+        let (tx, mut rx) = mpsc::channel(16);
+        let sem = Arc::new(Semaphore::new(4));
+        let holder = tokio::spawn(async move {
+            let _probes = spawn_instance(set, addr, None, sem, tx);
+            std::future::pending::<()>().await;
+        });
+        // The probes run: a failing signal arrives.
+        let first = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("a probe signal");
+        assert!(first.is_some());
+        holder.abort();
+        let ended = tokio::time::timeout(Duration::from_secs(10), async {
+            while rx.recv().await.is_some() {}
+        })
+        .await;
+        assert!(
+            ended.is_ok(),
+            "probe tasks still hold their senders after the abort"
+        );
     }
 
     #[tokio::test]
