@@ -9,6 +9,7 @@
 //!
 //! Never use it in production: anyone can derive the key from the region name.
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 
 use shoal_authority::{ApplyContext, AuthorityCommand, AuthorityState, Caller, Refusal};
@@ -216,6 +217,7 @@ impl DevAuthority {
         let res = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
+            .mode(0o600) // it names local callers (uid, pid, executable)
             .open(&self.audit_path)
             .and_then(|mut f| writeln!(f, "{line}"));
         if let Err(e) = res {

@@ -124,6 +124,14 @@ impl ProbeSpec {
             if !path.starts_with('/') {
                 return Err("http probe path must start with /".into());
             }
+            // The path goes into the request line as is: no spaces or control characters
+            // (CR/LF would split the request), and a bounded length.
+            if path.len() > 1024 || path.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(
+                    "http probe path must be at most 1024 bytes without spaces or control characters"
+                        .into(),
+                );
+            }
         }
         Ok(())
     }
@@ -563,6 +571,24 @@ mod tests {
         assert_eq!(t.record(false, 2, 3), None);
         assert_eq!(t.record(false, 2, 3), Some(false));
         assert_eq!(t.record(false, 2, 3), None);
+    }
+
+    #[test]
+    fn http_probe_paths_cannot_split_the_request_line() {
+        for bad in ["/x HTTP/1.1\r\nX-Injected: 1", "/a b", "/\u{0}", "/tab\t"] {
+            let p = spec(ProbeAction::Http {
+                address: None,
+                path: bad.into(),
+            })
+            .unwrap();
+            assert!(p.validate().is_err(), "{bad:?} accepted");
+        }
+        let ok = spec(ProbeAction::Http {
+            address: None,
+            path: "/ready?x=1".into(),
+        })
+        .unwrap();
+        ok.validate().unwrap();
     }
 
     #[test]

@@ -31,6 +31,7 @@ use std::fmt::Debug;
 use std::fs::{self, File, OpenOptions};
 use std::io::{Cursor, Write};
 use std::ops::RangeBounds;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -502,6 +503,7 @@ impl StateMachineStore {
         let audit_file = OpenOptions::new()
             .create(true)
             .append(true)
+            .mode(0o600) // it names local callers (uid, pid, executable)
             .open(&audit_path)
             .map_err(|e| FileError::io(&audit_path, e))?;
         let checkpoint = state.lease_checkpoint();
