@@ -158,6 +158,7 @@ pub async fn run_until(
     metrics::gauge!("shoal_api_connection_cap", "scope" => "total").set(max_total as f64);
     metrics::gauge!("shoal_api_connection_cap", "scope" => "per_uid").set(max_per_uid as f64);
     let owners = crate::access::Owners::load(&raw.data_dir);
+    let local_probes = crate::local_probes::LocalProbes::load(&raw.data_dir);
     let (driver_tx, driver_rx) = mpsc::channel(4096);
     let (index_tx, _) = watch::channel(1u64);
     let shared = Arc::new(Shared {
@@ -171,6 +172,7 @@ pub async fn run_until(
         probe_permits: Arc::new(tokio::sync::Semaphore::new(raw.probes.max_concurrent)),
         probe_tasks: Mutex::new(Default::default()),
         owners,
+        local_probes,
         refusals: Default::default(),
         mesh: RwLock::new(mesh),
         origin: tokio::time::Instant::now(),
@@ -190,6 +192,7 @@ pub async fn run_until(
     let driver_task = tokio::spawn(driver.run(async {
         let _ = stop_rx.await;
     }));
+    restore_probes(&shared);
     let mut tasks = vec![
         tokio::spawn(join_loop(shared.clone(), join_rx)),
         tokio::spawn(status_loop(shared.clone())),
@@ -404,10 +407,21 @@ pub fn start_probes(
     set: ProbeSet,
     exec_as: Option<ExecAs>,
 ) {
-    stop_probes(shared, &key, &instance);
+    abort_probes(shared, &key, &instance);
     if set.is_empty() {
+        shared.local_probes.remove(&key, &instance);
         return;
     }
+    shared
+        .local_probes
+        .set(crate::local_probes::PersistedProbes {
+            service: key.to_string(),
+            instance: instance.to_string(),
+            generation: generation.0,
+            address: addr,
+            probes: set.clone(),
+            exec_as: exec_as.map(|e| (e.uid, e.gid)),
+        });
     let task_key = (key.to_string(), instance.to_string());
     let s = shared.clone();
     let handle = tokio::spawn(async move {
@@ -427,8 +441,49 @@ pub fn start_probes(
         .insert(task_key, handle.abort_handle());
 }
 
-/// Stops the probes of a local instance.
+/// Stops the probes of a local instance and forgets them (they are not resumed after a
+/// restart).
 pub fn stop_probes(shared: &Shared, key: &ServiceKey, instance: &InstanceId) {
+    abort_probes(shared, key, instance);
+    shared.local_probes.remove(key, instance);
+}
+
+/// Restarts the persisted probes of local instances, unless the loaded catalog shows the
+/// instance gone (EXPIRED, bound elsewhere, or replaced by a newer generation); forgets those
+/// ([`crate::local_probes`]).
+pub fn restore_probes(shared: &Arc<Shared>) {
+    for e in shared.local_probes.entries() {
+        let Some((key, instance, generation)) = e.ids() else {
+            crate::metrics::rejected("probes_file", "bad_entry");
+            continue;
+        };
+        let live = {
+            let mesh = shared.mesh.read().expect("mesh lock");
+            // Absent, or an older generation: the persisted snapshot predates the
+            // registration, so the probes resume (health for a generation the region no
+            // longer holds is refused by the catalogs anyway).
+            mesh.catalog().entry(&key, &instance).is_none_or(|c| {
+                let r = &c.lifecycle().record;
+                r.generation < generation
+                    || (r.owner == shared.cfg.node_id
+                        && r.generation == generation
+                        && r.state != LifecycleState::Expired)
+            })
+        };
+        if live {
+            tracing::info!(%key, %instance, generation = generation.0, "probes resumed after restart");
+            let exec_as = e.exec_as();
+            start_probes(
+                shared, key, instance, generation, e.address, e.probes, exec_as,
+            );
+        } else {
+            shared.local_probes.remove(&key, &instance);
+        }
+    }
+}
+
+/// Aborts the running probe task of a local instance, if any.
+fn abort_probes(shared: &Shared, key: &ServiceKey, instance: &InstanceId) {
     if let Some(h) = shared
         .probe_tasks
         .lock()

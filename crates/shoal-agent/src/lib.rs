@@ -19,6 +19,7 @@ pub mod dev_authority;
 pub mod driver;
 pub mod keys;
 pub mod listener;
+pub mod local_probes;
 pub mod metrics;
 pub mod persist;
 pub mod probes;

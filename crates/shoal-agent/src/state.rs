@@ -106,6 +106,8 @@ pub struct Shared {
     pub probe_tasks: Mutex<HashMap<(String, String), tokio::task::AbortHandle>>,
     /// Owners of local instances (persisted).
     pub owners: crate::access::Owners,
+    /// Probe definitions of local instances, persisted so a restart resumes them.
+    pub local_probes: crate::local_probes::LocalProbes,
     /// Refused writes already logged.
     pub refusals: crate::access::RefusalLog,
 }

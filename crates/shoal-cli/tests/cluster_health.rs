@@ -153,3 +153,73 @@ fn failing_readiness_on_one_node_is_unroutable_on_every_other_agent_with_no_node
     }
     again.close();
 }
+
+/// Regression: probes of an instance registered over the local API were not resumed when its
+/// agent restarted, so the instance stayed READY and routable everywhere with nothing probing
+/// it (traffic went to a dead backend). They are persisted in the data dir and resumed.
+#[test]
+fn probes_registered_over_the_api_resume_after_an_agent_restart() {
+    let mut c = Cluster::new(37, 3);
+    c.start_all();
+    c.wait_converged(3, Duration::from_secs(20));
+    for a in &c.agents {
+        eventually(
+            Duration::from_secs(10),
+            &format!("{} bound its node key", a.name),
+            || (a.get("/v1/agent/self")?.1["node_key_bound"] == true).then_some(()),
+        );
+    }
+    let mut port = Port::open();
+    let body = format!(
+        "{{\"instance\":\"web-b\",\"address\":\"{}\",\"probes\":{{\"readiness\":{{\"action\":{{\"tcp\":{{}}}},\"period_ms\":200,\"timeout_ms\":100,\"jitter_ms\":0,\"failure_threshold\":2}}}}}}",
+        port.addr
+    );
+    eventually(Duration::from_secs(10), "web-b registered", || {
+        let r = c.agents[1].post(&format!("{SVC}/register"), &body)?;
+        (r.0 == 200).then_some(())
+    });
+    let routable_everywhere = |c: &Cluster, what: &str| {
+        for a in [&c.agents[0], &c.agents[2]] {
+            eventually(
+                Duration::from_secs(60),
+                &format!("web-b READY and routable at {} ({what})", a.name),
+                || {
+                    let (_, v) = a.get(&format!("{SVC}/endpoints"))?;
+                    let e = endpoint(&v, "web-b")?;
+                    (e["state"] == "READY" && e["routable"] == true && e["health"] != "failing")
+                        .then_some(())
+                },
+            );
+        }
+    };
+    routable_everywhere(&c, "before the restart");
+
+    // kill -9 node-b's agent and start it again: the probes must come back by themselves.
+    c.agents[1].kill9();
+    c.agents[1].start();
+    eventually(Duration::from_secs(20), "node-b resumed its probes", || {
+        c.agents[1]
+            .log()
+            .contains("probes resumed after restart")
+            .then_some(())
+    });
+    routable_everywhere(&c, "after the restart");
+
+    // The backend dies: the resumed probe fails and every other agent withdraws it on node-b's
+    // failing health (not because node-b is down: it answers and is up in their views). The
+    // bound is generous because after a kill -9 the peers may still declare node-b's old boot
+    // down and take a while to accept the new one (seen: ~10-30 s; issue 15's rejoin work).
+    port.close();
+    for a in [&c.agents[0], &c.agents[2]] {
+        eventually(
+            Duration::from_secs(60),
+            &format!("web-b failing and unroutable at {}", a.name),
+            || {
+                let (_, v) = a.get(&format!("{SVC}/endpoints"))?;
+                let e = endpoint(&v, "web-b")?;
+                (e["health"] == "failing" && e["owner_down"] == false && e["routable"] == false)
+                    .then_some(())
+            },
+        );
+    }
+}
