@@ -198,13 +198,8 @@ pub async fn run_until(
         tokio::spawn(status_loop(shared.clone())),
         tokio::spawn(bind_node_key(shared.clone())),
         tokio::spawn(register_configured(shared.clone())),
-        tls::spawn_reloader(
-            tls,
-            tls_paths,
-            Duration::from_secs(10),
-            crate::metrics::tls_event,
-        )
-        .context("SIGHUP handler")?,
+        tls::spawn_reloader(tls, tls_paths, Duration::from_secs(10), tls::record_metrics)
+            .context("SIGHUP handler")?,
     ];
     let socket = shared.cfg.raw.socket.clone();
     let listener = bind_socket(

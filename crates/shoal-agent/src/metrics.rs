@@ -42,7 +42,6 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use shoal_catalog::Keyring;
 use shoal_mesh::Mesh;
 use shoal_proto::envelope::MessageKind;
-use shoal_transport::tls::TlsEvent;
 use shoal_transport::transport::TransportCounters;
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
@@ -68,25 +67,6 @@ pub fn install() -> Option<PrometheusHandle> {
 /// Renders the text exposition.
 pub fn render() -> String {
     install().map(|h| h.render()).unwrap_or_default()
-}
-
-/// Records a TLS material event: the expiry gauge, and reloads by result.
-pub fn tls_event(event: TlsEvent<'_>) {
-    let now = std::time::SystemTime::now();
-    match event {
-        TlsEvent::Current(info) => {
-            gauge!("shoal_tls_cert_expiry_seconds").set(info.seconds_to_expiry(now));
-            counter!("shoal_tls_reloads_total", "result" => "ok").increment(0);
-            counter!("shoal_tls_reloads_total", "result" => "error").increment(0);
-        }
-        TlsEvent::Reloaded(info) => {
-            gauge!("shoal_tls_cert_expiry_seconds").set(info.seconds_to_expiry(now));
-            counter!("shoal_tls_reloads_total", "result" => "ok").increment(1);
-        }
-        TlsEvent::Refused(_) => {
-            counter!("shoal_tls_reloads_total", "result" => "error").increment(1);
-        }
-    }
 }
 
 /// Counts one rejected input.

@@ -52,7 +52,7 @@ use shoal_proto::rpc::{
 };
 use shoal_proto::{NodeId, Revision};
 use shoal_transport::certs::NodeIdentity;
-use shoal_transport::tls::{self, TlsEvent, TlsPaths, TlsState};
+use shoal_transport::tls::{self, TlsPaths, TlsState};
 use shoal_transport::transport::{Channel, Inbound, Transport, TransportConfig};
 use tokio::sync::{mpsc, watch, Semaphore};
 
@@ -356,7 +356,7 @@ impl Replica {
                 tls.clone(),
                 tls_paths,
                 Duration::from_secs(10),
-                tls_metrics,
+                tls::record_metrics,
             )
             .context("SIGHUP handler")?,
             tls,
@@ -888,26 +888,6 @@ impl Replica {
             }
             this.liveness_busy.store(false, Ordering::Release);
         });
-    }
-}
-
-/// The TLS gauges and counters (same names as the agent's): `shoal_tls_cert_expiry_seconds`,
-/// `shoal_tls_reloads_total{result}`.
-fn tls_metrics(event: TlsEvent<'_>) {
-    let now = std::time::SystemTime::now();
-    match event {
-        TlsEvent::Current(info) => {
-            gauge!("shoal_tls_cert_expiry_seconds").set(info.seconds_to_expiry(now));
-            counter!("shoal_tls_reloads_total", "result" => "ok").increment(0);
-            counter!("shoal_tls_reloads_total", "result" => "error").increment(0);
-        }
-        TlsEvent::Reloaded(info) => {
-            gauge!("shoal_tls_cert_expiry_seconds").set(info.seconds_to_expiry(now));
-            counter!("shoal_tls_reloads_total", "result" => "ok").increment(1);
-        }
-        TlsEvent::Refused(_) => {
-            counter!("shoal_tls_reloads_total", "result" => "error").increment(1);
-        }
     }
 }
 

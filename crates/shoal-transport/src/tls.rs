@@ -477,6 +477,28 @@ impl ClientCertVerifier for Dynamic {
     }
 }
 
+/// Records a TLS material event in the process's metrics recorder, the same names on agents
+/// and authority replicas: `shoal_tls_cert_expiry_seconds` (gauge, seconds to the current
+/// certificate's notAfter) and `shoal_tls_reloads_total{result="ok"|"error"}`. Pass it to
+/// [`spawn_reloader`].
+pub fn record_metrics(event: TlsEvent<'_>) {
+    let now = std::time::SystemTime::now();
+    match event {
+        TlsEvent::Current(info) => {
+            metrics::gauge!("shoal_tls_cert_expiry_seconds").set(info.seconds_to_expiry(now));
+            metrics::counter!("shoal_tls_reloads_total", "result" => "ok").increment(0);
+            metrics::counter!("shoal_tls_reloads_total", "result" => "error").increment(0);
+        }
+        TlsEvent::Reloaded(info) => {
+            metrics::gauge!("shoal_tls_cert_expiry_seconds").set(info.seconds_to_expiry(now));
+            metrics::counter!("shoal_tls_reloads_total", "result" => "ok").increment(1);
+        }
+        TlsEvent::Refused(_) => {
+            metrics::counter!("shoal_tls_reloads_total", "result" => "error").increment(1);
+        }
+    }
+}
+
 /// What [`spawn_reloader`] reports.
 #[derive(Debug)]
 pub enum TlsEvent<'a> {
