@@ -14,7 +14,8 @@
 //!    node faults, and `with_node` for scenario layers.
 //! 5. [`scenario`]: the TOML schema; [`runner`]: applies a scenario through a
 //!    [`runner::Harness`]; [`report`] and [`plot`]: JSON, markdown and SVG output.
-//! 6. [`testkit`]: a toy `PingNode` that exercises everything until the mesh adapter lands.
+//! 6. [`sweep`]: many seeds in parallel processes, merged distributions and pass counts.
+//! 7. [`testkit`]: a toy `PingNode` that exercises everything until the mesh adapter lands.
 
 pub mod net;
 pub mod node;
@@ -24,6 +25,7 @@ pub mod rng;
 pub mod runner;
 pub mod scenario;
 pub mod shoal;
+pub mod sweep;
 pub mod testkit;
 pub mod topology;
 pub mod world;

@@ -1,4 +1,6 @@
 //! `shoal-sim run <scenario.toml> --seed N [--out DIR] [--json] [--quiet]`
+//! `shoal-sim sweep <scenario.toml> --seeds A..B [--jobs J] [--out FILE]`
+//! `shoal-sim merge SWEEP.json... [--out FILE]`
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -9,6 +11,7 @@ use shoal_sim::rng::RngTree;
 use shoal_sim::runner::{run, RunConfig};
 use shoal_sim::scenario::Scenario;
 use shoal_sim::shoal::ShoalHarness;
+use shoal_sim::sweep::{self, SeedResult, Sweep};
 use shoal_sim::testkit::{PingConfig, PingHarness};
 
 #[derive(Parser)]
@@ -36,6 +39,34 @@ enum Cmd {
         /// No progress bar, no speed line.
         #[arg(long)]
         quiet: bool,
+        /// Print only the compact per-seed result a sweep collects (JSON on stdout).
+        #[arg(long, hide = true, conflicts_with_all = ["json", "out"])]
+        seed_result: bool,
+    },
+    /// Run one scenario over many seeds in parallel processes and merge the results: per-check
+    /// pass counts, failing seeds with reproduce lines, p99 across seeds, pooled percentiles.
+    Sweep {
+        /// Scenario TOML file.
+        scenario: PathBuf,
+        /// Seeds: `A..B` (end excluded) or `A..=B`.
+        #[arg(long)]
+        seeds: String,
+        /// Processes at a time (default: available cores).
+        #[arg(long)]
+        jobs: Option<usize>,
+        /// Write the sweep JSON here (input of `shoal-sim merge`); the markdown summary goes to
+        /// stdout either way.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Merge sweep files of one scenario (e.g. seed ranges run on different machines).
+    Merge {
+        /// Sweep JSON files written by `shoal-sim sweep --out`.
+        #[arg(required = true)]
+        inputs: Vec<PathBuf>,
+        /// Write the merged sweep JSON here; the markdown summary goes to stdout either way.
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
 }
 
@@ -45,6 +76,7 @@ fn run_cmd(
     out: Option<&Path>,
     json: bool,
     quiet: bool,
+    seed_result: bool,
 ) -> anyhow::Result<bool> {
     let scenario = Scenario::load(scenario_path)?;
     let cfg = RunConfig {
@@ -61,6 +93,13 @@ fn run_cmd(
         run(&scenario, &mut harness, &cfg)?
     };
     let report = &outcome.report;
+    if seed_result {
+        println!(
+            "{}",
+            serde_json::to_string(&SeedResult::from_outcome(&outcome))?
+        );
+        return Ok(report.failed_checks().is_empty());
+    }
     if let Some(dir) = out {
         report
             .write_dir(dir, &outcome.samples)
@@ -97,12 +136,14 @@ fn main() -> ExitCode {
             out,
             json,
             quiet,
+            seed_result,
         } => {
+            let quiet = quiet || seed_result;
             let reproduce = format!(
                 "reproduce with: shoal-sim run {} --seed {seed}",
                 scenario.display()
             );
-            match run_cmd(&scenario, seed, out.as_deref(), json, quiet) {
+            match run_cmd(&scenario, seed, out.as_deref(), json, quiet, seed_result) {
                 Ok(true) => ExitCode::SUCCESS,
                 Ok(false) => {
                     eprintln!("{reproduce}");
@@ -113,6 +154,50 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+        }
+        Cmd::Sweep {
+            scenario,
+            seeds,
+            jobs,
+            out,
+        } => finish_sweep(sweep_cmd(&scenario, &seeds, jobs), out.as_deref()),
+        Cmd::Merge { inputs, out } => finish_sweep(sweep::merge_files(&inputs), out.as_deref()),
+    }
+}
+
+fn sweep_cmd(scenario: &Path, seeds: &str, jobs: Option<usize>) -> anyhow::Result<Sweep> {
+    // Fail on a bad scenario once, here, rather than once per child.
+    Scenario::load(scenario)?;
+    let seeds = sweep::parse_seed_range(seeds)?;
+    let jobs = jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let exe = std::env::current_exe().context("locating the shoal-sim binary")?;
+    sweep::run_sweep(&exe, scenario, &seeds, jobs, &|r, done, total| {
+        let verdict = if r.passed() { "pass" } else { "FAIL" };
+        eprintln!("[{done}/{total}] seed {}: {verdict}", r.seed);
+    })
+}
+
+/// Writes the sweep JSON if asked, prints the summary; fails when any seed failed a check.
+fn finish_sweep(sweep: anyhow::Result<Sweep>, out: Option<&Path>) -> ExitCode {
+    let result = sweep.and_then(|s| {
+        if let Some(path) = out {
+            std::fs::write(path, s.to_json())
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        Ok(s)
+    });
+    match result {
+        Ok(s) => {
+            print!("{}", s.to_markdown());
+            if s.seeds_passed == s.seeds.len() as u64 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::net::NodeCounters;
 use crate::scenario::FaultKind;
@@ -20,7 +20,7 @@ pub fn round3(x: f64) -> f64 {
 }
 
 /// Summary of a sample of integer values (nearest-rank percentiles).
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Distribution {
     /// Number of samples.
     pub count: u64,
