@@ -46,7 +46,8 @@ use tokio::sync::mpsc;
 
 use crate::files::{self, FileError};
 use crate::types::{
-    ApplyOutcome, Entry, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig, Vote,
+    ApplyOutcome, Entry, LogId, Member, RaftId, SnapshotMeta, StorageError, StoredMembership,
+    TypeConfig, Vote,
 };
 
 /// `raft.log` is rewritten without purged records once it holds this many of them.
@@ -592,8 +593,15 @@ fn last_audited_index(path: &Path) -> u64 {
     text.lines()
         .rev()
         .filter(|l| !l.trim().is_empty())
-        .find_map(|l| serde_json::from_str::<AuditEntry>(l).ok())
-        .map(|e| e.log_index)
+        .find_map(|l| {
+            serde_json::from_str::<AuditEntry>(l)
+                .map(|e| e.log_index)
+                .ok()
+                .or_else(|| {
+                    let v: serde_json::Value = serde_json::from_str(l).ok()?;
+                    v["membership"]["log_index"].as_u64()
+                })
+        })
         .unwrap_or(0)
 }
 
@@ -603,6 +611,7 @@ impl SmInner {
         let proposal = match entry.payload {
             EntryPayload::Blank => return Ok(Vec::new()),
             EntryPayload::Membership(m) => {
+                self.audit_membership(entry.log_id.index, &m);
                 self.last_membership = StoredMembership::new(Some(entry.log_id), m);
                 return Ok(Vec::new());
             }
@@ -623,6 +632,28 @@ impl SmInner {
             self.publish(entry.log_id.index, records);
         }
         out
+    }
+
+    /// One `{"membership": {log_index, voters, learners, joint}}` audit line per membership
+    /// entry (each log index once, like commands; docs/adr/0009-authority-membership-change.md).
+    fn audit_membership(&mut self, log_index: u64, m: &openraft::Membership<RaftId, Member>) {
+        if log_index <= self.audit_high_water {
+            return;
+        }
+        self.audit_high_water = log_index;
+        let line = serde_json::json!({
+            "membership": {
+                "log_index": log_index,
+                "voters": m.voter_ids().collect::<Vec<_>>(),
+                "learners": m.learner_ids().collect::<Vec<_>>(),
+                "joint": m.get_joint_config().len() > 1,
+            }
+        });
+        if let Some(f) = self.audit_file.as_mut() {
+            if let Err(e) = writeln!(f, "{line}") {
+                tracing::error!(error = %e, "audit.log append failed");
+            }
+        }
     }
 
     fn note_checkpoint(&mut self, proposed_wall_ms: u64) {
