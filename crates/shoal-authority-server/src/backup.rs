@@ -143,6 +143,11 @@ pub struct RestoreOptions {
     pub cluster_id: Option<String>,
     /// Allow discarding an existing vote, log or snapshot (they are moved aside, not deleted).
     pub force_new_cluster: bool,
+    /// Start the new incarnation with this replica (a Raft id of the backup's membership) as
+    /// its only voter, so it elects itself alone; the others are then added one at a time
+    /// with `members add` (docs/operations.md, "Rebuild a region after a restore").
+    /// `None`: keep the backup's voters.
+    pub single_voter: Option<crate::types::RaftId>,
 }
 
 /// What a restore did (or, refused, would do).
@@ -262,6 +267,14 @@ pub fn restore_snapshot(
             ),
         });
     }
+    if let Some(id) = opts.single_voter {
+        if single_voter_membership(&snap.meta, id).is_none() {
+            return Err(FileError::Busy {
+                path: file.to_path_buf(),
+                what: format!("--single-voter {id}: not a replica of the backup's membership"),
+            });
+        }
+    }
     state
         .raise_floor(floor, cluster_id.clone())
         .map_err(|e| FileError::Corrupt {
@@ -286,10 +299,25 @@ pub fn restore_snapshot(
         files::sync_dir(&aside.join("x"))?;
         report.aside_dir = Some(aside);
     }
+    let last_membership = match opts.single_voter {
+        None => snap.meta.last_membership.clone(),
+        Some(id) => single_voter_membership(&snap.meta, id).ok_or_else(|| FileError::Busy {
+            path: file.to_path_buf(),
+            what: format!(
+                "--single-voter {id}: not a replica of the backup's membership ({:?})",
+                snap.meta
+                    .last_membership
+                    .membership()
+                    .nodes()
+                    .map(|(i, n)| format!("{i}={}", n.node))
+                    .collect::<Vec<_>>()
+            ),
+        })?,
+    };
     let restored = StoredSnapshot {
         meta: SnapshotMeta {
             last_log_id: snap.meta.last_log_id,
-            last_membership: snap.meta.last_membership.clone(),
+            last_membership,
             snapshot_id: format!("restored-{cluster_id}-{last_index}"),
         },
         data: state.encode(),
@@ -315,4 +343,21 @@ pub fn restore_snapshot(
     fs::write(&audit, format!("{header}\n")).map_err(|e| FileError::io(&audit, e))?;
     files::sync_dir(&audit)?;
     Ok(report)
+}
+
+/// The backup's membership reduced to replica `id` as the only voter (its addresses as the
+/// backup recorded them); `None` if `id` is not a node of it.
+fn single_voter_membership(
+    meta: &SnapshotMeta,
+    id: crate::types::RaftId,
+) -> Option<crate::types::StoredMembership> {
+    let node = meta.last_membership.membership().get_node(&id)?.clone();
+    let m = openraft::Membership::new(
+        vec![std::collections::BTreeSet::from([id])],
+        std::collections::BTreeMap::from([(id, node)]),
+    );
+    Some(crate::types::StoredMembership::new(
+        *meta.last_membership.log_id(),
+        m,
+    ))
 }

@@ -262,6 +262,10 @@ pub enum SnapshotCmd {
         /// `pre-restore-<id>/`, not deleted).
         #[arg(long)]
         force_new_cluster: bool,
+        /// Make this replica (its Raft id) the new cluster's only voter; add the others with
+        /// `members add` afterwards.
+        #[arg(long)]
+        single_voter: Option<u64>,
     },
 }
 
@@ -343,12 +347,14 @@ pub async fn run(cmd: AuthorityCmd) -> anyhow::Result<()> {
                 margin,
                 cluster_id,
                 force_new_cluster,
+                single_voter,
             } => {
                 let opts = storage::RestoreOptions {
                     floor,
                     margin,
                     cluster_id,
                     force_new_cluster,
+                    single_voter,
                 };
                 let r = storage::restore_snapshot(&data_dir, &file, &opts).with_context(|| {
                     format!("restoring {} into {}", file.display(), data_dir.display())
@@ -372,12 +378,20 @@ pub async fn run(cmd: AuthorityCmd) -> anyhow::Result<()> {
                         aside.display()
                     );
                 }
-                println!(
-                    "seed every other replica of the region (stopped) with:\n  shoal authority snapshot restore {} --data-dir <DIR> --floor {} --cluster-id {} --force-new-cluster",
-                    file.display(),
-                    r.floor,
-                    r.cluster_id
-                );
+                if let Some(id) = single_voter {
+                    println!(
+                        "replica {id} is the only voter: start it, then for each other replica \
+                         move its data directory away, set join = true in its authority.toml, \
+                         start it and run `shoal authority members add --id <ID> ...`"
+                    );
+                } else {
+                    println!(
+                        "seed every other replica of the region (stopped) with:\n  shoal authority snapshot restore {} --data-dir <DIR> --floor {} --cluster-id {} --force-new-cluster",
+                        file.display(),
+                        r.floor,
+                        r.cluster_id
+                    );
+                }
                 Ok(())
             }
         },
