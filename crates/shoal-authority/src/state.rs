@@ -730,6 +730,11 @@ impl AuthorityState {
             });
         }
         let from = binding.state();
+        if from == LifecycleState::Expired && to == LifecycleState::Expired {
+            // A retried deregister whose first attempt committed (its answer was lost):
+            // idempotent, like any retry to the state already held.
+            return Err(Refusal::AlreadyInState(to));
+        }
         if from == LifecycleState::Expired {
             return Err(Refusal::Expired);
         }

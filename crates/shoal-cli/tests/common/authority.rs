@@ -375,6 +375,22 @@ pub struct WorkloadLog {
     /// Acknowledged writes re-sent once (idempotency probe): (instance, action, first
     /// revision, revision of the repeat).
     pub repeats: Vec<(String, &'static str, u64, u64)>,
+    /// Writes refused outright (4xx) on their first attempt: the workload never asks for an
+    /// illegal transition, so each is a violation.
+    pub refused: Vec<String>,
+    /// Instances whose last write's outcome is unknown: an attempt without acknowledgement,
+    /// then a refusal of its retry. Left out of the catalog check, kept in the history check.
+    pub uncertain: Vec<String>,
+}
+
+/// The outcome of one write attempt.
+enum Attempt {
+    /// Acknowledged: (generation, revision).
+    Acked(u64, u64),
+    /// No answer or 5xx (no quorum, not leader yet): retry.
+    Retry,
+    /// Refused (4xx): the body.
+    Refused(String),
 }
 
 const STEPS: [(&str, &str); 4] = [
@@ -384,29 +400,41 @@ const STEPS: [(&str, &str); 4] = [
     ("deregister", "EXPIRED"),
 ];
 
-/// One write attempt; `Some((generation, revision))` when acknowledged.
-fn attempt(agent: &Agent, instance: &str, step: usize, port: u16) -> Option<(u64, u64)> {
-    if step == 0 {
+/// One write attempt.
+fn attempt(agent: &Agent, instance: &str, step: usize, port: u16) -> Attempt {
+    let answer = if step == 0 {
         let body = format!(
             "{{\"instance\":\"{instance}\",\"address\":\"{}:{port}\"}}",
             agent.ip
         );
-        let (code, v) = agent.post(&format!("{SVC}/register"), &body)?;
-        if code != 200 {
-            return None;
-        }
+        agent.post(&format!("{SVC}/register"), &body)
+    } else {
+        let (action, _) = STEPS[step];
+        agent.post(&format!("{SVC}/instances/{instance}/{action}"), "")
+    };
+    let Some((code, v)) = answer else {
+        return Attempt::Retry;
+    };
+    if (400..500).contains(&code) {
+        return Attempt::Refused(format!("{code} {v}"));
+    }
+    if code != 200 {
+        return Attempt::Retry;
+    }
+    let acked = || -> Option<(u64, u64)> {
         let generation = v["generation"].as_u64()?;
+        if step > 0 {
+            return Some((generation, v["revision"].as_u64()?));
+        }
         // Read-your-writes: the agent applied the records before answering.
         let e = endpoint_at(agent, instance)?;
         (e["generation"].as_u64()? == generation).then_some(())?;
-        return Some((generation, e["revision"].as_u64()?));
+        Some((generation, e["revision"].as_u64()?))
+    };
+    match acked() {
+        Some((g, r)) => Attempt::Acked(g, r),
+        None => Attempt::Refused(format!("200 without generation/revision: {v}")),
     }
-    let (action, _) = STEPS[step];
-    let (code, v) = agent.post(&format!("{SVC}/instances/{instance}/{action}"), "")?;
-    if code != 200 {
-        return None;
-    }
-    Some((v["generation"].as_u64()?, v["revision"].as_u64()?))
 }
 
 /// Runs `workers` workers (worker `w` writes through agent `w % agents.len()`) until `stop`
@@ -437,9 +465,20 @@ pub fn run_workload(
                         let last = (rng >> 33) as usize % 4;
                         for step in 0..=last {
                             let mut stopped_at = None;
+                            let mut tries = 0;
                             let ack = loop {
-                                if let Some(a) = attempt(agent, &instance, step, port) {
-                                    break Some(a);
+                                tries += 1;
+                                match attempt(agent, &instance, step, port) {
+                                    Attempt::Acked(g, r) => break Some((g, r)),
+                                    Attempt::Retry => {}
+                                    Attempt::Refused(why) if tries == 1 => {
+                                        log.refused.push(format!("{} {instance}: {why}", STEPS[step].0));
+                                        break None;
+                                    }
+                                    Attempt::Refused(_) => {
+                                        log.uncertain.push(instance.clone());
+                                        break None;
+                                    }
                                 }
                                 log.unacked_attempts += 1;
                                 if stop.load(Ordering::Relaxed) {
@@ -454,15 +493,27 @@ pub fn run_workload(
                                 std::thread::sleep(Duration::from_millis(100)); // retry pacing, not synchronisation
                             };
                             let Some((generation, revision)) = ack else {
-                                assert!(step == 0, "{instance}: step {step} never acknowledged within {WAIT:?} after the faults stopped");
-                                break 'outer;
+                                if stop.load(Ordering::Relaxed) && step > 0 && stopped_at.is_some_and(|t: std::time::Instant| t.elapsed() > WAIT) {
+                                    log.refused.push(format!("{instance}: step {step} never acknowledged within {WAIT:?} after the faults stopped"));
+                                    log.uncertain.push(instance.clone());
+                                }
+                                if stop.load(Ordering::Relaxed) {
+                                    break 'outer;
+                                }
+                                break; // next instance
                             };
                             let (action, state) = STEPS[step];
                             log.acks.push(Ack { worker: w, instance: instance.clone(), action, generation, revision, state });
                             if step > 0 && log.acks.len() % 7 == 0 {
-                                if let Some((g2, r2)) = attempt(agent, &instance, step, port) {
-                                    assert_eq!(g2, generation);
-                                    log.repeats.push((instance.clone(), action, revision, r2));
+                                match attempt(agent, &instance, step, port) {
+                                    Attempt::Acked(g2, r2) => {
+                                        if g2 != generation {
+                                            log.refused.push(format!("{action} {instance} repeated: generation {g2} != {generation}"));
+                                        }
+                                        log.repeats.push((instance.clone(), action, revision, r2));
+                                    }
+                                    Attempt::Refused(why) => log.refused.push(format!("{action} {instance} repeated: {why}")),
+                                    Attempt::Retry => {}
                                 }
                             }
                         }
@@ -482,6 +533,8 @@ pub fn run_workload(
         out.acks.extend(l.acks);
         out.unacked_attempts += l.unacked_attempts;
         out.repeats.extend(l.repeats);
+        out.refused.extend(l.refused);
+        out.uncertain.extend(l.uncertain);
     }
     out
 }
@@ -515,6 +568,7 @@ pub fn check_history(log: &WorkloadLog) -> Vec<String> {
             }
         }
     }
+    bad.extend(log.refused.iter().map(|r| format!("refused: {r}")));
     for (inst, action, r1, r2) in &log.repeats {
         if r1 != r2 {
             bad.push(format!(
@@ -533,6 +587,9 @@ pub fn expected_catalog(
     let mut m = std::collections::BTreeMap::new();
     for a in &log.acks {
         m.insert(a.instance.clone(), (a.generation, a.revision, a.state));
+    }
+    for u in &log.uncertain {
+        m.remove(u);
     }
     m
 }
