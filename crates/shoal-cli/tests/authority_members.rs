@@ -228,3 +228,108 @@ fn a_single_voter_refuses_to_remove_itself() {
     // A single voter still commits writes.
     register(&r.agents[0], "solo-1", None);
 }
+
+/// The runbook "Rebuild a region after a restore" (docs/operations.md), by the CLI: a backup
+/// of a running region, every replica stopped, the backup restored into auth-1 as the only
+/// voter, auth-1 started alone, auth-2 and auth-3 wiped, started with `join = true` and added
+/// one at a time; then a write is above the floor and reaches every agent.
+#[test]
+fn rebuild_a_region_from_one_restored_replica() {
+    let mut r = Region3::with_replicas(73, 3, 0, 2);
+    r.start_all();
+    for a in &r.agents {
+        wait_members(a, 4);
+    }
+    register(&r.agents[0], "rb-1", None);
+    transition(&r.agents[0], "rb-1", "ready");
+    let dir = r.tmp.path().to_owned();
+    let backup = dir.join("backup.snap");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_shoal"))
+            .args(["authority", "snapshot"])
+            .args(args)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "snapshot {args:?}: {text}");
+        text
+    };
+    let data = |i: usize| dir.join(format!("data-auth-{i}"));
+    run(&[
+        "save",
+        backup.to_str().unwrap(),
+        "--data-dir",
+        data(1).to_str().unwrap(),
+    ]);
+    for a in &mut r.auths {
+        a.kill9();
+    }
+    // The floor: the largest revision / generation the agents hold.
+    let floor = r
+        .agents
+        .iter()
+        .filter_map(|a| endpoint_at(a, "rb-1"))
+        .map(|e| {
+            e["revision"]
+                .as_u64()
+                .unwrap()
+                .max(e["generation"].as_u64().unwrap())
+        })
+        .max()
+        .unwrap();
+    let floor_s = floor.to_string();
+    run(&[
+        "restore",
+        backup.to_str().unwrap(),
+        "--data-dir",
+        data(1).to_str().unwrap(),
+        "--floor",
+        &floor_s,
+        "--force-new-cluster",
+        "--single-voter",
+        "1",
+    ]);
+    r.auths[0].start();
+    eventually(WAIT, "auth-1 leads alone", || {
+        let v = replica_status(&r, 0)?;
+        (v["leader"] == "auth-1" && v["members"] == serde_json::json!(["auth-1"])).then_some(())
+    });
+    for i in 1..3 {
+        std::fs::rename(data(i + 1), dir.join(format!("wiped-auth-{}", i + 1))).unwrap();
+        let text = std::fs::read_to_string(&r.auths[i].config).unwrap();
+        std::fs::write(&r.auths[i].config, format!("join = true\n{text}")).unwrap();
+        r.auths[i].start();
+        let ip = auth_ip(r.subnet, i);
+        let (ok, v, err) = members_cmd(
+            &r,
+            0,
+            &[
+                "add",
+                "--id",
+                &(i + 1).to_string(),
+                "--node",
+                &format!("auth-{}", i + 1),
+                "--raft-addr",
+                &format!("{ip}:{RAFT_PORT}"),
+                "--rpc-addr",
+                &format!("{ip}:{RPC_PORT}"),
+            ],
+        );
+        assert!(ok, "members add {}: {err}", i + 1);
+        assert_eq!(voters_of(&v), (1..=i as u64 + 1).collect::<Vec<_>>(), "{v}");
+    }
+    let cluster = replica_status(&r, 0).unwrap()["cluster_id"].clone();
+    assert!(cluster.is_string(), "a restored cluster has an id");
+    for i in 1..3 {
+        eventually(WAIT, "the added replica runs the new incarnation", || {
+            (replica_status(&r, i)?["cluster_id"] == cluster).then_some(())
+        });
+    }
+    // A write after the rebuild is above the floor and reaches every agent.
+    transition(&r.agents[0], "rb-1", "drain");
+    for a in &r.agents {
+        let e = wait_state(a, "rb-1", "DRAINING");
+        assert!(e["revision"].as_u64().unwrap() > floor, "{e}");
+    }
+}

@@ -272,20 +272,61 @@ impl Replica {
         }
         // 1. Learner: receives the log (or a snapshot) and has no vote; wait until caught up.
         let deadline = Duration::from_millis(catch_up_ms);
-        match tokio::time::timeout(deadline, self.raft.add_learner(id, member.clone(), true)).await
-        {
-            Err(_) => {
+        let learner_entry =
+            match tokio::time::timeout(deadline, self.raft.add_learner(id, member.clone(), true))
+                .await
+            {
+                Err(_) => {
+                    return Err(refused(
+                        "catch_up_timeout",
+                        format!(
+                            "learner {id} ({member}) did not catch up within {catch_up_ms} ms; it \
+                         stays a learner (no vote, quorum unchanged): check that it runs and is \
+                         reachable, then retry `members add`, or `members remove {id}`"
+                        ),
+                    ))
+                }
+                Ok(Err(e)) => return Err(self.map_change_error(e)),
+                Ok(Ok(resp)) => resp.log_id.index,
+            };
+        // openraft's blocking add counts a learner within `replication_lag_threshold` (5,000
+        // entries by default) of the leader as caught up, even one that never answered. Wait
+        // (within the same deadline) until it holds the learner entry itself and has answered
+        // recently, so it can vote at once and the liveness check below judges it fairly.
+        let started = tokio::time::Instant::now();
+        let stale = Duration::from_millis(self.cfg.quorum_stale_ms);
+        let mut metrics = self.raft.metrics();
+        loop {
+            let matched = metrics
+                .borrow()
+                .replication
+                .as_ref()
+                .and_then(|r| r.get(&id).copied().flatten())
+                .map(|l| l.index);
+            let heard = self
+                .raft_rpc
+                .last_heard(&member.node)
+                .is_some_and(|d| d <= stale);
+            if heard && matched.is_some_and(|i| i >= learner_entry) {
+                break;
+            }
+            if started.elapsed() >= deadline {
                 return Err(refused(
                     "catch_up_timeout",
                     format!(
-                        "learner {id} ({member}) did not catch up within {catch_up_ms} ms; it \
-                         stays a learner (no vote, quorum unchanged): check that it runs and is \
-                         reachable, then retry `members add`, or `members remove {id}`"
+                        "learner {id} ({member}) holds index {matched:?} of {learner_entry} after \
+                         {catch_up_ms} ms; it stays a learner (no vote, quorum unchanged): check \
+                         that it runs and is reachable, then retry `members add`, or \
+                         `members remove {id}`"
                     ),
-                ))
+                ));
             }
-            Ok(Err(e)) => return Err(self.map_change_error(e)),
-            Ok(Ok(_)) => {}
+            // Woken by replication progress, at the latest every heartbeat.
+            let _ = tokio::time::timeout(
+                Duration::from_millis(self.cfg.heartbeat_ms),
+                metrics.changed(),
+            )
+            .await;
         }
         // 2. Voter, through joint consensus.
         voters.insert(id);

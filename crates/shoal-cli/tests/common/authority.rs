@@ -463,7 +463,7 @@ pub fn run_workload(
                         // every state.
                         rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                         let last = (rng >> 33) as usize % 4;
-                        for step in 0..=last {
+                        for (step, &(action, state)) in STEPS.iter().enumerate().take(last + 1) {
                             let mut stopped_at = None;
                             let mut tries = 0;
                             let ack = loop {
@@ -472,7 +472,7 @@ pub fn run_workload(
                                     Attempt::Acked(g, r) => break Some((g, r)),
                                     Attempt::Retry => {}
                                     Attempt::Refused(why) if tries == 1 => {
-                                        log.refused.push(format!("{} {instance}: {why}", STEPS[step].0));
+                                        log.refused.push(format!("{action} {instance}: {why}"));
                                         break None;
                                     }
                                     Attempt::Refused(_) => {
@@ -502,7 +502,6 @@ pub fn run_workload(
                                 }
                                 break; // next instance
                             };
-                            let (action, state) = STEPS[step];
                             log.acks.push(Ack { worker: w, instance: instance.clone(), action, generation, revision, state });
                             if step > 0 && log.acks.len() % 7 == 0 {
                                 match attempt(agent, &instance, step, port) {
