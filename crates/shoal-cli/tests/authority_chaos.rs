@@ -293,3 +293,60 @@ fn randomized_schedules() {
     }
     assert!(failed.is_empty(), "failing seeds: {failed:?}");
 }
+
+/// Elections on a loaded host with the default Raft timings (heartbeat 250 ms, election
+/// 1.5-3 s; docs/adr/0008-lease-checkpoints.md): three replicas and one agent, a light write
+/// workload, no faults, for `SHOAL_ELECTION_SECS` (default 600) s. Counts the term increase
+/// (every election attempt bumps the term) and the leader changes seen by polling, and prints
+/// them per hour. Run by hand on a busy machine; the number goes to the ADR.
+#[test]
+#[ignore = "long measurement, run by hand"]
+fn elections_per_hour_with_default_timings() {
+    let secs = env_u64("SHOAL_ELECTION_SECS").unwrap_or(600);
+    let mut r = Region3::with_replicas(84, 3, 0, 1);
+    for a in &r.auths {
+        let text = std::fs::read_to_string(&a.config).unwrap();
+        let text = text.replace(
+            "heartbeat_ms = 100\nelection_timeout_ms = 500\nwrite_timeout_ms = 2000\nquorum_stale_ms = 1000\n",
+            "",
+        );
+        assert!(!text.contains("heartbeat_ms"), "the defaults are in force");
+        std::fs::write(&a.config, text).unwrap();
+    }
+    r.start_all();
+    wait_members(&r.agents[0], 3);
+    let first = eventually(WAIT, "a leader", || leader_index(&r));
+    let term = |r: &Region3| {
+        (0..3)
+            .filter_map(|i| replica_status(r, i)?["term"].as_u64())
+            .max()
+    };
+    let t0 = eventually(WAIT, "a term", || term(&r));
+    let (stop, writer) = spawn_workload(&r, 1, 84);
+    let started = Instant::now();
+    let mut leader = first;
+    let mut changes = 0u64;
+    while started.elapsed() < Duration::from_secs(secs) {
+        std::thread::sleep(Duration::from_secs(5)); // sampling period of the measurement
+        if let Some(l) = leader_index(&r) {
+            if l != leader {
+                changes += 1;
+                leader = l;
+            }
+        }
+    }
+    let t1 = term(&r).unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let log = writer.join().unwrap();
+    let per_hour = |n: u64| n as f64 * 3600.0 / secs as f64;
+    eprintln!(
+        "default timings, {secs} s, {} writes acknowledged: term {t0} -> {t1} ({:.1} election \
+         attempts/hour), {changes} leader changes seen ({:.1}/hour); load average {}",
+        log.acks.len(),
+        per_hour(t1 - t0),
+        per_hour(changes),
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+    );
+}
