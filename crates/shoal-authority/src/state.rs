@@ -730,16 +730,12 @@ impl AuthorityState {
             });
         }
         let from = binding.state();
-        if from == LifecycleState::Expired && to == LifecycleState::Expired {
-            // A retried deregister whose first attempt committed (its answer was lost):
-            // idempotent, like any retry to the state already held.
+        // First: a retried deregister (EXPIRED -> EXPIRED) is a retry like any other.
+        if from == to {
             return Err(Refusal::AlreadyInState(to));
         }
         if from == LifecycleState::Expired {
             return Err(Refusal::Expired);
-        }
-        if from == to {
-            return Err(Refusal::AlreadyInState(to));
         }
         check_transition(Some(from), to, reason).map_err(illegal)?;
         Ok(Planned {
