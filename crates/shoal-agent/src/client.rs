@@ -41,6 +41,7 @@ fn op_name(body: &AuthorityRequestBody) -> &'static str {
         AuthorityRequestBody::BindNodeKey { .. } => "bind_node_key",
         AuthorityRequestBody::RevokeNode { .. } => "revoke_node",
         AuthorityRequestBody::ReadmitNode { .. } => "readmit_node",
+        AuthorityRequestBody::Members(_) => "members",
     }
 }
 

@@ -161,6 +161,11 @@ impl DevAuthority {
             AuthorityRequestBody::ReadmitNode { node } => {
                 AuthorityCommand::ReadmitNode { caller, node }
             }
+            AuthorityRequestBody::Members(_) => {
+                return Err(AuthorityError::Invalid(
+                    "the development authority has no replica set".into(),
+                ))
+            }
             AuthorityRequestBody::Status => {
                 return Ok(AuthorityOk::Status(AuthorityStatus {
                     node: self.node.clone(),

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Subcommand;
-use shoal_proto::rpc::{AuthorityOk, AuthorityRequestBody};
+use shoal_proto::rpc::{AuthorityOk, AuthorityRequestBody, MembersOp};
 use shoal_proto::SigningKey;
 use shoal_transport::certs::{read_key_file, read_pem_file};
 use shoal_transport::keyfile::{self, Overwrite};
@@ -55,6 +55,13 @@ pub enum AuthorityCmd {
         /// What to do.
         #[command(subcommand)]
         cmd: NodeCmd,
+    },
+    /// List or change the replica set through Raft joint consensus (operator certificate
+    /// required; docs/operations.md "Replace a replica").
+    Members {
+        /// What to do.
+        #[command(subcommand)]
+        cmd: MembersCmd,
     },
     /// Generate a region signing key seed file (mode 0600, its directory created 0700 when
     /// missing) and print its verifying key (hex) for the agents' `authority_keys`. Refuses to
@@ -113,6 +120,69 @@ pub enum NodeCmd {
     },
 }
 
+/// `shoal authority members ...`.
+#[derive(Debug, Subcommand)]
+pub enum MembersCmd {
+    /// Print the voters and learners as JSON (the leader adds how far each has replicated
+    /// and when it last answered).
+    List {
+        /// Where the authority is.
+        #[command(flatten)]
+        connect: Connect,
+    },
+    /// Add a running replica (started with `join = true`): as a learner until it has caught
+    /// up, then as a voter. Prints the new replica set.
+    Add {
+        /// Its Raft id (unique; never reuse the id of a removed replica).
+        #[arg(long)]
+        id: u64,
+        /// Its node id (the node id in its certificate).
+        #[arg(long)]
+        node: String,
+        /// Its replica-to-replica address, `host:port`.
+        #[arg(long)]
+        raft_addr: String,
+        /// Its agent RPC address, `host:port`.
+        #[arg(long)]
+        rpc_addr: String,
+        /// Longest wait for it to catch up, ms.
+        #[arg(long, default_value_t = 60_000)]
+        catch_up_ms: u64,
+        /// Where the authority is.
+        #[command(flatten)]
+        connect: Connect,
+    },
+    /// Remove a voter or learner. Refused if it is the last voter or if the remaining voters
+    /// hold no live majority. Prints the new replica set.
+    Remove {
+        /// Its Raft id.
+        #[arg(long)]
+        id: u64,
+        /// Where the authority is.
+        #[command(flatten)]
+        connect: Connect,
+    },
+}
+
+/// JSON of a replica set as `members` prints it.
+pub fn members_json(v: &shoal_proto::rpc::MembersView) -> serde_json::Value {
+    serde_json::json!({
+        "answered_by": v.answered_by,
+        "leader": v.leader,
+        "config_index": v.config_index,
+        "joint": v.joint,
+        "members": v.members.iter().map(|m| serde_json::json!({
+            "id": m.id,
+            "node": m.node,
+            "raft_addr": m.raft_addr,
+            "rpc_addr": m.rpc_addr,
+            "voter": m.voter,
+            "matched_index": m.matched_index,
+            "last_heard_ms": m.last_heard_ms,
+        })).collect::<Vec<_>>(),
+    })
+}
+
 /// Sends one operator request, following leader redirects (at most 3).
 async fn operator_call(c: &Connect, body: AuthorityRequestBody) -> anyhow::Result<AuthorityOk> {
     let client = AuthorityClient::connect(
@@ -134,8 +204,12 @@ async fn operator_call(c: &Connect, body: AuthorityRequestBody) -> anyhow::Resul
                 addr = leader.parse().context("leader address")?;
                 result = Err(anyhow::anyhow!("not the leader; last tried {addr}"));
             }
+            Err(shoal_proto::rpc::AuthorityError::Refused { code, reason }) => {
+                result = Err(anyhow::anyhow!("refused ({code}): {reason}"));
+                break;
+            }
             Err(e) => {
-                result = Err(anyhow::anyhow!("refused: {e}"));
+                result = Err(anyhow::anyhow!("{e}"));
                 break;
             }
             Ok(ok) => {
@@ -188,6 +262,10 @@ pub enum SnapshotCmd {
         /// `pre-restore-<id>/`, not deleted).
         #[arg(long)]
         force_new_cluster: bool,
+        /// Make this replica (its Raft id) the new cluster's only voter; add the others with
+        /// `members add` afterwards.
+        #[arg(long)]
+        single_voter: Option<u64>,
     },
 }
 
@@ -269,12 +347,14 @@ pub async fn run(cmd: AuthorityCmd) -> anyhow::Result<()> {
                 margin,
                 cluster_id,
                 force_new_cluster,
+                single_voter,
             } => {
                 let opts = storage::RestoreOptions {
                     floor,
                     margin,
                     cluster_id,
                     force_new_cluster,
+                    single_voter,
                 };
                 let r = storage::restore_snapshot(&data_dir, &file, &opts).with_context(|| {
                     format!("restoring {} into {}", file.display(), data_dir.display())
@@ -298,12 +378,20 @@ pub async fn run(cmd: AuthorityCmd) -> anyhow::Result<()> {
                         aside.display()
                     );
                 }
-                println!(
-                    "seed every other replica of the region (stopped) with:\n  shoal authority snapshot restore {} --data-dir <DIR> --floor {} --cluster-id {} --force-new-cluster",
-                    file.display(),
-                    r.floor,
-                    r.cluster_id
-                );
+                if let Some(id) = single_voter {
+                    println!(
+                        "replica {id} is the only voter: start it, then for each other replica \
+                         move its data directory away, set join = true in its authority.toml, \
+                         start it and run `shoal authority members add --id <ID> ...`"
+                    );
+                } else {
+                    println!(
+                        "seed every other replica of the region (stopped) with:\n  shoal authority snapshot restore {} --data-dir <DIR> --floor {} --cluster-id {} --force-new-cluster",
+                        file.display(),
+                        r.floor,
+                        r.cluster_id
+                    );
+                }
                 Ok(())
             }
         },
@@ -337,6 +425,38 @@ pub async fn run(cmd: AuthorityCmd) -> anyhow::Result<()> {
                 "{}",
                 serde_json::json!({ "node": node, what: true, "expired": expired })
             );
+            Ok(())
+        }
+        AuthorityCmd::Members { cmd } => {
+            let (op, connect, wait_ms) = match cmd {
+                MembersCmd::List { connect } => (MembersOp::List, connect, 0),
+                MembersCmd::Add {
+                    id,
+                    node,
+                    raft_addr,
+                    rpc_addr,
+                    catch_up_ms,
+                    connect,
+                } => (
+                    MembersOp::Add {
+                        id,
+                        node: shoal_proto::NodeId::new(node).context("--node")?,
+                        raft_addr,
+                        rpc_addr,
+                        catch_up_ms,
+                    },
+                    connect,
+                    catch_up_ms + 30_000,
+                ),
+                MembersCmd::Remove { id, connect } => (MembersOp::Remove { id }, connect, 30_000),
+            };
+            // A change waits for catch-up and two commits: give the reply that long.
+            let mut connect = connect;
+            connect.timeout_ms = connect.timeout_ms.max(wait_ms);
+            match operator_call(&connect, AuthorityRequestBody::Members(op)).await? {
+                AuthorityOk::Members(v) => println!("{}", members_json(&v)),
+                other => anyhow::bail!("unexpected answer: {other:?}"),
+            }
             Ok(())
         }
         AuthorityCmd::Keygen { out, force } => {

@@ -17,6 +17,8 @@
 //! cluster_size = 1667
 //! absent_grace_ms = 60000                 # see MeshKnobs::absent_grace_ms
 //!
+//! # join = true                         # added later by `members add`; never initialises
+//!
 //! [[members]]
 //! id = 1
 //! node = "auth-1"
@@ -73,7 +75,7 @@ pub fn resolve_now(addr: &str) -> anyhow::Result<SocketAddr> {
 }
 
 /// Checks that `addr` has the form `host:port` (without resolving it).
-fn check_host_port(what: &str, addr: &str) -> anyhow::Result<()> {
+pub(crate) fn check_host_port(what: &str, addr: &str) -> anyhow::Result<()> {
     if addr.parse::<SocketAddr>().is_ok() {
         return Ok(());
     }
@@ -110,8 +112,15 @@ pub struct AuthorityConfig {
     /// Node ids treated as operators (in addition to any node id starting with `operator-`).
     #[serde(default)]
     pub operators: Vec<String>,
-    /// The 3 or 5 voters.
+    /// The 3 or 5 voters the cluster was initialised with. With `join = true`: the replicas
+    /// of the running cluster this replica will be added to (any number; only their node ids
+    /// matter here, to accept their Raft calls) plus this replica's own entry.
     pub members: Vec<MemberConfig>,
+    /// This replica is added to a running cluster by `shoal authority members add` and never
+    /// initialises one, even when pristine and lowest-id (docs/operations.md, "Replace a
+    /// replica"). Default false.
+    #[serde(default)]
+    pub join: bool,
     /// Raft heartbeat period, ms.
     #[serde(default = "d_heartbeat")]
     pub heartbeat_ms: u64,
@@ -285,7 +294,10 @@ impl AuthorityConfig {
             bail!("[mesh] node_keys: {NODE_KEYS_REMOVED}");
         }
         let n = self.members.len();
-        if ![1, 3, 5].contains(&n) {
+        if self.join && n == 0 {
+            bail!("members: a joining replica lists itself and the running cluster's replicas");
+        }
+        if !self.join && ![1, 3, 5].contains(&n) {
             bail!("members: {n} voters; use 3 or 5 (1 for development only)");
         }
         let mut ids = std::collections::BTreeSet::new();

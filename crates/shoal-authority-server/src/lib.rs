@@ -5,6 +5,7 @@
 //!
 //! - [`types`]: the openraft type configuration; a log entry is a [`types::Proposal`]
 //!   (command + the leader's proposal wall time, so applying never reads a clock).
+//! - [`backup`]: the data-directory lock, `snapshot save` and `snapshot restore`.
 //! - [`storage`]: fsync'd, checksummed log/vote files and snapshots; torn or corrupt files
 //!   are refused.
 //! - [`network`]: Raft RPCs over a dedicated transport, correlated by id, bounded, with
@@ -17,6 +18,7 @@
 //! - [`cli`]: `shoal authority run|status|snapshot|keygen`.
 //! - [`config`]: the `authority.toml` file.
 
+pub mod backup;
 pub mod cli;
 pub mod client;
 pub mod config;

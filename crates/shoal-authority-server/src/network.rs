@@ -6,8 +6,15 @@
 //! table of pending calls ([`MAX_PENDING_CALLS`]), each with a deadline (openraft's per-RPC TTL),
 //! after which the call fails as `Unreachable` and openraft backs off.
 //!
-//! Only peers whose certificate node id is a configured member may talk Raft: anything else is
-//! dropped and counted (a valid region certificate is not enough to vote).
+//! Only peers whose certificate node id is a configured member, or a node (voter or learner)
+//! of the Raft membership in force, may talk Raft: anything else is dropped and counted (a
+//! valid region certificate is not enough to vote). A replica added by `members add` is in
+//! the membership from the moment its learner entry is appended, so the others answer it
+//! without a config change (docs/adr/0009-authority-membership-change.md).
+//!
+//! [`RaftRpc::last_heard`] remembers when each peer last answered a call (heartbeats every
+//! `heartbeat_ms`): the leader's liveness view for refusing a membership change that would
+//! leave no live majority.
 //!
 //! Every call carries the caller's cluster incarnation id (`None` until a restore started one,
 //! docs/adr/0007-authority-restore.md). A replica answers only calls of its own incarnation,
@@ -21,7 +28,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
@@ -136,6 +143,8 @@ pub struct RaftRpc {
     pub foreign: AtomicU64,
     cluster: std::sync::OnceLock<(ClusterSource, std::path::PathBuf)>,
     adopted: Mutex<Option<String>>,
+    /// When each peer (by certificate node id) last answered one of our calls.
+    heard: Mutex<HashMap<String, Instant>>,
 }
 
 /// File in a replica's data directory holding the cluster incarnation it adopted or was
@@ -166,6 +175,7 @@ impl RaftRpc {
             foreign: AtomicU64::new(0),
             cluster: std::sync::OnceLock::new(),
             adopted: Mutex::new(None),
+            heard: Mutex::new(HashMap::new()),
         })
     }
 
@@ -217,6 +227,16 @@ impl RaftRpc {
         true
     }
 
+    /// How long ago `node` (a certificate node id) last answered one of our Raft calls;
+    /// `None` if it never did since this process started.
+    pub fn last_heard(&self, node: &str) -> Option<Duration> {
+        self.heard
+            .lock()
+            .expect("heard lock")
+            .get(node)
+            .map(Instant::elapsed)
+    }
+
     /// The transport (for shutdown and counters).
     pub fn transport(&self) -> &Transport {
         &self.transport
@@ -265,13 +285,26 @@ impl RaftRpc {
         members: BTreeSet<String>,
     ) {
         while let Some(msg) = inbound.recv().await {
-            if !members.contains(msg.peer.node_id.as_str()) {
+            let peer = msg.peer.node_id.as_str();
+            let in_membership = || {
+                raft.metrics()
+                    .borrow()
+                    .membership_config
+                    .membership()
+                    .nodes()
+                    .any(|(_, n)| n.node == peer)
+            };
+            if !members.contains(peer) && !in_membership() {
                 self.rejected.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(peer = %msg.peer, "raft message from a non-member dropped");
                 continue;
             }
             match decode_wire(&msg.bytes) {
                 Ok(RaftWire::Response { id, body }) => {
+                    self.heard
+                        .lock()
+                        .expect("heard lock")
+                        .insert(msg.peer.node_id.as_str().to_owned(), Instant::now());
                     if let Some(tx) = self.pending.lock().expect("pending lock").remove(&id) {
                         let _ = tx.send(body);
                     }

@@ -64,6 +64,9 @@ use crate::storage::{
 };
 use crate::types::{Proposal, Raft, RaftId};
 
+mod membership;
+pub use membership::{is_majority, MAX_CATCH_UP_MS};
+
 /// Clock skew (ms) assumed between replicas' wall clocks when a new leader credits the time
 /// since the latest lease checkpoint by wall clock (NTP keeps hosts within a few ms).
 pub const LEASE_CREDIT_SKEW_MS: u64 = 250;
@@ -323,7 +326,11 @@ impl Replica {
         tokio::spawn(raft_rpc.clone().serve(raft_in, raft.clone(), members));
 
         let lowest = cfg.members.iter().map(|m| m.id).min().expect("validated");
-        if pristine && cfg.id == lowest {
+        if cfg.join {
+            tracing::info!(
+                "join = true: waiting to be added by `shoal authority members add` (never initialises a cluster)"
+            );
+        } else if pristine && cfg.id == lowest {
             tracing::info!(members = ?cfg.raft_members(), "pristine lowest-id replica: initialising the cluster");
             if let Err(e) = raft.initialize(cfg.raft_members()).await {
                 tracing::warn!(error = %e, "initialize");
@@ -529,6 +536,7 @@ impl Replica {
         let caller = caller_of(peer, &self.operators);
         let (cmd, policy_key) = match body {
             AuthorityRequestBody::Status => return Ok(AuthorityOk::Status(self.status())),
+            AuthorityRequestBody::Members(op) => return self.members(peer, &caller, op).await,
             AuthorityRequestBody::GetPolicy { key } => {
                 return Ok(AuthorityOk::Policy(
                     self.sm.with_state(|s| s.policy(&key).cloned()),
@@ -696,7 +704,7 @@ impl Replica {
         cmd: &AuthorityCommand,
         e: &AuthorityError,
     ) {
-        let line = serde_json::json!({
+        self.audit_line(&serde_json::json!({
             "rpc_rejected": {
                 "at_ms": wall_ms(),
                 "peer": peer.node_id.as_str(),
@@ -704,10 +712,17 @@ impl Replica {
                 "command": format!("{cmd:?}"),
                 "error": e.to_string(),
             }
-        });
+        }));
+    }
+
+    /// Appends one JSON line to this replica's `audit.log` (RPC-layer events; applied
+    /// commands are audited by the state machine).
+    fn audit_line(&self, line: &serde_json::Value) {
         if let Some(f) = self.audit.lock().expect("audit lock").as_mut() {
             use std::io::Write;
-            let _ = writeln!(f, "{line}");
+            if let Err(e) = writeln!(f, "{line}") {
+                tracing::error!(error = %e, "audit.log append failed");
+            }
         }
     }
 

@@ -46,25 +46,26 @@ use tokio::sync::mpsc;
 
 use crate::files::{self, FileError};
 use crate::types::{
-    ApplyOutcome, Entry, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig, Vote,
+    ApplyOutcome, Entry, LogId, Member, RaftId, SnapshotMeta, StorageError, StoredMembership,
+    TypeConfig, Vote,
 };
 
 /// `raft.log` is rewritten without purged records once it holds this many of them.
 pub const REWRITE_AFTER_PURGED: u64 = 1_000;
 
-const LOG_FILE: &str = "raft.log";
-const VOTE_FILE: &str = "vote.bin";
-const PURGED_FILE: &str = "purged.bin";
+pub(crate) const LOG_FILE: &str = "raft.log";
+pub(crate) const VOTE_FILE: &str = "vote.bin";
+pub(crate) const PURGED_FILE: &str = "purged.bin";
 /// File name of the persisted snapshot inside a data directory.
 pub const SNAPSHOT_FILE: &str = "snapshot.bin";
 /// File name of the JSON-lines audit log inside a data directory.
 pub const AUDIT_FILE: &str = "audit.log";
 
-fn enc<T: Serialize>(v: &T) -> Vec<u8> {
+pub(crate) fn enc<T: Serialize>(v: &T) -> Vec<u8> {
     postcard::to_allocvec(v).expect("plain data always serialises")
 }
 
-fn dec<T: for<'a> Deserialize<'a>>(path: &Path, bytes: &[u8]) -> Result<T, FileError> {
+pub(crate) fn dec<T: for<'a> Deserialize<'a>>(path: &Path, bytes: &[u8]) -> Result<T, FileError> {
     postcard::from_bytes(bytes).map_err(|e| FileError::Codec {
         path: path.to_path_buf(),
         what: e.to_string(),
@@ -592,8 +593,15 @@ fn last_audited_index(path: &Path) -> u64 {
     text.lines()
         .rev()
         .filter(|l| !l.trim().is_empty())
-        .find_map(|l| serde_json::from_str::<AuditEntry>(l).ok())
-        .map(|e| e.log_index)
+        .find_map(|l| {
+            serde_json::from_str::<AuditEntry>(l)
+                .map(|e| e.log_index)
+                .ok()
+                .or_else(|| {
+                    let v: serde_json::Value = serde_json::from_str(l).ok()?;
+                    v["membership"]["log_index"].as_u64()
+                })
+        })
         .unwrap_or(0)
 }
 
@@ -603,6 +611,7 @@ impl SmInner {
         let proposal = match entry.payload {
             EntryPayload::Blank => return Ok(Vec::new()),
             EntryPayload::Membership(m) => {
+                self.audit_membership(entry.log_id.index, &m);
                 self.last_membership = StoredMembership::new(Some(entry.log_id), m);
                 return Ok(Vec::new());
             }
@@ -623,6 +632,28 @@ impl SmInner {
             self.publish(entry.log_id.index, records);
         }
         out
+    }
+
+    /// One `{"membership": {log_index, voters, learners, joint}}` audit line per membership
+    /// entry (each log index once, like commands; docs/adr/0009-authority-membership-change.md).
+    fn audit_membership(&mut self, log_index: u64, m: &openraft::Membership<RaftId, Member>) {
+        if log_index <= self.audit_high_water {
+            return;
+        }
+        self.audit_high_water = log_index;
+        let line = serde_json::json!({
+            "membership": {
+                "log_index": log_index,
+                "voters": m.voter_ids().collect::<Vec<_>>(),
+                "learners": m.learner_ids().collect::<Vec<_>>(),
+                "joint": m.get_joint_config().len() > 1,
+            }
+        });
+        if let Some(f) = self.audit_file.as_mut() {
+            if let Err(e) = writeln!(f, "{line}") {
+                tracing::error!(error = %e, "audit.log append failed");
+            }
+        }
     }
 
     fn note_checkpoint(&mut self, proposed_wall_ms: u64) {
@@ -813,305 +844,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 }
 
-/// File a running replica holds an exclusive lock on (and writes its pid into), so operator
-/// commands can tell a live replica from a stopped one.
-pub const LOCK_FILE: &str = "replica.lock";
-/// File an operator command creates to ask the running replica for a snapshot now; the replica
-/// removes it once the snapshot is built.
-pub const SNAPSHOT_REQUEST_FILE: &str = "snapshot.request";
-/// Default margin added to the backup's own head when `restore` is not given `--floor`: room
-/// for the revisions and log entries the region issued after the backup was taken.
-pub const DEFAULT_RESTORE_MARGIN: u64 = 1_000_000_000;
-
-/// An exclusive lock on a replica's data directory, held while the replica (or a restore)
-/// runs; released when dropped (or when the process dies).
-#[derive(Debug)]
-pub struct DirLock {
-    _file: File,
-}
-
-/// Takes the data directory's lock ([`LOCK_FILE`]) without waiting, and writes our pid in it.
-///
-/// # Errors
-/// [`FileError::Busy`] when another process (a running replica) holds it; [`FileError::Io`].
-pub fn lock_data_dir(dir: &Path) -> Result<DirLock, FileError> {
-    fs::create_dir_all(dir).map_err(|e| FileError::io(dir, e))?;
-    let path = dir.join(LOCK_FILE);
-    let mut file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(&path)
-        .map_err(|e| FileError::io(&path, e))?;
-    match file.try_lock() {
-        Ok(()) => {}
-        Err(fs::TryLockError::WouldBlock) => {
-            let pid = fs::read_to_string(&path).unwrap_or_default();
-            return Err(FileError::Busy {
-                path,
-                what: format!(
-                    "held by a running replica (pid {}); stop it first",
-                    pid.trim()
-                ),
-            });
-        }
-        Err(fs::TryLockError::Error(e)) => return Err(FileError::io(&path, e)),
-    }
-    file.set_len(0)
-        .and_then(|_| file.write_all(std::process::id().to_string().as_bytes()))
-        .and_then(|_| file.sync_data())
-        .map_err(|e| FileError::io(&path, e))?;
-    Ok(DirLock { _file: file })
-}
-
-/// Whether a running process holds the data directory's lock.
-fn dir_is_locked(dir: &Path) -> bool {
-    matches!(lock_data_dir(dir), Err(FileError::Busy { .. }))
-}
-
-/// Copies the verified snapshot of a (running or stopped) replica's data directory to `out`.
-///
-/// The server writes `snapshot.bin` every `snapshot_every_logs` entries and at shutdown. When a
-/// young replica has none yet and is running, this asks it for one ([`SNAPSHOT_REQUEST_FILE`],
-/// picked up within its `expire_interval_ms`) and waits up to `wait` for it. The copy is
-/// written atomically and checked (checksum and the state's invariants) before and after.
-///
-/// # Errors
-/// No snapshot and the replica is stopped (start it: a stopped replica's log may hold
-/// uncommitted entries, which must not go into a backup), no snapshot within `wait`, a damaged
-/// snapshot, or IO. `out` is untouched on error.
-pub fn save_snapshot(
-    data_dir: &Path,
-    out: &Path,
-    wait: std::time::Duration,
-) -> Result<SnapshotMeta, FileError> {
-    let src = data_dir.join(SNAPSHOT_FILE);
-    let snap = match StoredSnapshot::read(&src)? {
-        Some((snap, _)) => snap,
-        None => {
-            if !dir_is_locked(data_dir) {
-                return Err(FileError::Io {
-                    path: src,
-                    source: std::io::Error::new(
-                        std::io::ErrorKind::NotFound,
-                        "no snapshot yet and the replica is not running: start it and run \
-                         save again (a running replica builds one on request)",
-                    ),
-                });
-            }
-            let req = data_dir.join(SNAPSHOT_REQUEST_FILE);
-            File::create(&req).map_err(|e| FileError::io(&req, e))?;
-            let deadline = std::time::Instant::now() + wait;
-            loop {
-                if let Some((snap, _)) = StoredSnapshot::read(&src)? {
-                    break snap;
-                }
-                if std::time::Instant::now() >= deadline {
-                    return Err(FileError::Io {
-                        path: src,
-                        source: std::io::Error::new(
-                            std::io::ErrorKind::TimedOut,
-                            format!("the running replica built no snapshot within {wait:?}"),
-                        ),
-                    });
-                }
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            }
-        }
-    };
-    snap.write(out)?;
-    StoredSnapshot::read(out)?.ok_or_else(|| FileError::Corrupt {
-        path: out.to_path_buf(),
-        what: "vanished after writing".into(),
-    })?;
-    Ok(snap.meta)
-}
-
-/// How to restore: see [`restore_snapshot`].
-#[derive(Debug, Clone, Default)]
-pub struct RestoreOptions {
-    /// Every revision and generation the region issued before is `<= floor` (the operator
-    /// read it from the agents' region heads). `None`: the backup's own head (the larger of
-    /// its revision head and last log index) plus [`RestoreOptions::margin`].
-    pub floor: Option<u64>,
-    /// Margin added when `floor` is `None` (0 means [`DEFAULT_RESTORE_MARGIN`]).
-    pub margin: u64,
-    /// Id of the new incarnation: `None` picks a random one (the first replica); the other
-    /// replicas pass the id (and the floor) the first restore printed.
-    pub cluster_id: Option<String>,
-    /// Allow discarding an existing vote, log or snapshot (they are moved aside, not deleted).
-    pub force_new_cluster: bool,
-}
-
-/// What a restore did (or, refused, would do).
-#[derive(Debug, Clone)]
-pub struct RestoreReport {
-    /// The backup's metadata.
-    pub meta: SnapshotMeta,
-    /// The new incarnation's id.
-    pub cluster_id: String,
-    /// The floor: every new revision and generation is above it.
-    pub floor: u64,
-    /// The backup's revision head and last log index.
-    pub backup_head: (u64, u64),
-    /// Existing files of the data directory that were (or would be) moved aside.
-    pub moved_aside: Vec<String>,
-    /// Where they went.
-    pub aside_dir: Option<PathBuf>,
-}
-
-fn random_cluster_id() -> String {
-    let mut b = [0u8; 8];
-    rand::fill(&mut b);
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-/// Restores a backup (`file`, made by [`save_snapshot`]) into a **stopped** replica's data
-/// directory as a **new cluster incarnation** (docs/adr/0007-authority-restore.md):
-///
-/// - refuses while a replica holds the directory's lock ([`LOCK_FILE`]);
-/// - refuses when the directory holds a vote, a log or a snapshot (it belongs to a cluster)
-///   unless `force_new_cluster`; those files, `audit.log` included, are then moved into
-///   `pre-restore-<cluster id>/` inside the directory, never deleted;
-/// - raises the state's floor ([`shoal_authority::AuthorityState::raise_floor`]) so every
-///   revision and generation issued afterwards is above everything the region issued before;
-/// - writes `snapshot.bin`, `purged.bin` (the log starts empty after the backup's last index)
-///   and a fresh `vote.bin`: not committed, voting for nobody, at the larger of the old vote's
-///   and the backup's term, so the replica never believes it is leader without an election.
-///
-/// Restoring the same file with the same floor and cluster id gives byte-identical
-/// directories, which is how the other replicas of the new cluster are seeded today.
-///
-/// # Errors
-/// [`FileError::Busy`] for a running replica or a directory that belongs to a cluster without
-/// `force_new_cluster` (nothing changed then); a damaged backup; IO.
-pub fn restore_snapshot(
-    data_dir: &Path,
-    file: &Path,
-    opts: &RestoreOptions,
-) -> Result<RestoreReport, FileError> {
-    let (snap, mut state) = StoredSnapshot::read(file)?.ok_or_else(|| FileError::Io {
-        path: file.to_path_buf(),
-        source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such snapshot file"),
-    })?;
-    shoal_transport::keyfile::ensure_private_dir(data_dir)
-        .map_err(|e| FileError::io(data_dir, e.into()))?;
-    let _lock = lock_data_dir(data_dir)?;
-    let last_index = snap.meta.last_log_id.map_or(0, |l| l.index);
-    let backup_head = (state.head_revision().0, last_index);
-    let margin = if opts.margin == 0 {
-        DEFAULT_RESTORE_MARGIN
-    } else {
-        opts.margin
-    };
-    let floor = opts
-        .floor
-        .unwrap_or_else(|| backup_head.0.max(backup_head.1).saturating_add(margin));
-    let cluster_id = match &opts.cluster_id {
-        Some(id)
-            if id.is_empty()
-                || id.len() > 64
-                || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') =>
-        {
-            return Err(FileError::Busy {
-                path: file.to_path_buf(),
-                what: format!("--cluster-id {id:?}: use 1-64 letters, digits or '-'"),
-            })
-        }
-        Some(id) => id.clone(),
-        None => random_cluster_id(),
-    };
-    let existing: Vec<String> = [
-        LOG_FILE,
-        VOTE_FILE,
-        PURGED_FILE,
-        SNAPSHOT_FILE,
-        AUDIT_FILE,
-        crate::network::CLUSTER_ID_FILE,
-    ]
-    .iter()
-    .filter(|f| data_dir.join(f).exists())
-    .map(|f| (*f).to_string())
-    .collect();
-    let belongs = existing
-        .iter()
-        .any(|f| f == LOG_FILE || f == VOTE_FILE || f == SNAPSHOT_FILE);
-    let mut report = RestoreReport {
-        meta: snap.meta.clone(),
-        cluster_id: cluster_id.clone(),
-        floor,
-        backup_head,
-        moved_aside: existing.clone(),
-        aside_dir: None,
-    };
-    if belongs && !opts.force_new_cluster {
-        return Err(FileError::Busy {
-            path: data_dir.to_path_buf(),
-            what: format!(
-                "holds a Raft vote/log/snapshot ({}): it belongs to a cluster. Restoring starts \
-                 a NEW cluster from the backup ({} at revision {}, log index {}): those files \
-                 are moved to pre-restore-<id>/, the log and vote start fresh, and every \
-                 revision and generation issued afterwards is above {floor}. Stop every \
-                 replica of the region and pass --force-new-cluster to do it",
-                existing.join(", "),
-                snap.meta.snapshot_id,
-                backup_head.0,
-                backup_head.1
-            ),
-        });
-    }
-    state
-        .raise_floor(floor, cluster_id.clone())
-        .map_err(|e| FileError::Corrupt {
-            path: file.to_path_buf(),
-            what: e.to_string(),
-        })?;
-    // The term the new incarnation starts above: never below the old vote (if readable).
-    let vote_path = data_dir.join(VOTE_FILE);
-    let old_term = files::read_framed(&vote_path)
-        .ok()
-        .flatten()
-        .and_then(|b| dec::<Vote>(&vote_path, &b).ok())
-        .map_or(0, |v| v.leader_id().term);
-    let term = old_term.max(snap.meta.last_log_id.map_or(0, |l| l.leader_id.term));
-    if !existing.is_empty() {
-        let aside = data_dir.join(format!("pre-restore-{cluster_id}"));
-        fs::create_dir_all(&aside).map_err(|e| FileError::io(&aside, e))?;
-        for f in &existing {
-            let to = aside.join(f);
-            fs::rename(data_dir.join(f), &to).map_err(|e| FileError::io(&to, e))?;
-        }
-        files::sync_dir(&aside.join("x"))?;
-        report.aside_dir = Some(aside);
-    }
-    let restored = StoredSnapshot {
-        meta: SnapshotMeta {
-            last_log_id: snap.meta.last_log_id,
-            last_membership: snap.meta.last_membership.clone(),
-            snapshot_id: format!("restored-{cluster_id}-{last_index}"),
-        },
-        data: state.encode(),
-    };
-    restored.write(&data_dir.join(SNAPSHOT_FILE))?;
-    if let Some(last) = snap.meta.last_log_id {
-        files::write_atomic(&data_dir.join(PURGED_FILE), &enc(&last))?;
-    }
-    files::write_atomic(&vote_path, &enc(&Vote::new(term, 0)))?;
-    files::write_plain_atomic(
-        &data_dir.join(crate::network::CLUSTER_ID_FILE),
-        cluster_id.as_bytes(),
-    )?;
-    let audit = data_dir.join(AUDIT_FILE);
-    let header = serde_json::json!({
-        "restored": {
-            "cluster_id": cluster_id,
-            "floor": floor,
-            "from_snapshot": snap.meta.snapshot_id,
-            "from_log_index": last_index,
-        }
-    });
-    fs::write(&audit, format!("{header}\n")).map_err(|e| FileError::io(&audit, e))?;
-    files::sync_dir(&audit)?;
-    Ok(report)
-}
+pub use crate::backup::{
+    lock_data_dir, restore_snapshot, save_snapshot, DirLock, RestoreOptions, RestoreReport,
+    DEFAULT_RESTORE_MARGIN, LOCK_FILE, SNAPSHOT_REQUEST_FILE,
+};

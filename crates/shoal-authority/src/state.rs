@@ -730,11 +730,12 @@ impl AuthorityState {
             });
         }
         let from = binding.state();
-        if from == LifecycleState::Expired {
-            return Err(Refusal::Expired);
-        }
+        // First: a retried deregister (EXPIRED -> EXPIRED) is a retry like any other.
         if from == to {
             return Err(Refusal::AlreadyInState(to));
+        }
+        if from == LifecycleState::Expired {
+            return Err(Refusal::Expired);
         }
         check_transition(Some(from), to, reason).map_err(illegal)?;
         Ok(Planned {

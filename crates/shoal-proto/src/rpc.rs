@@ -143,6 +143,72 @@ pub enum AuthorityRequestBody {
         /// The node to readmit.
         node: NodeId,
     },
+    /// Lists or changes the authority's replica set (operators only; leader only for a
+    /// change). See docs/adr/0009-authority-membership-change.md.
+    Members(MembersOp),
+}
+
+/// What `shoal authority members ...` asks of the region authority.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MembersOp {
+    /// The voters and learners, with the leader's replication view.
+    List,
+    /// Adds a replica: first as a learner (it receives the log or a snapshot until it has
+    /// caught up, bounded by `catch_up_ms`), then as a voter through joint consensus.
+    Add {
+        /// Its Raft id (unique, non-zero, never used before in this cluster).
+        id: u64,
+        /// Its shoal node id (the node id in its certificate).
+        node: NodeId,
+        /// Its replica-to-replica address, `host:port` (IP or DNS name).
+        raft_addr: String,
+        /// Its agent RPC address, `host:port` (IP or DNS name).
+        rpc_addr: String,
+        /// Longest wait for the learner to catch up before the change is abandoned, ms.
+        catch_up_ms: u64,
+    },
+    /// Removes a voter (or a learner) through joint consensus. Refused when it is the last
+    /// voter, or when the remaining voters hold no live majority.
+    Remove {
+        /// Its Raft id.
+        id: u64,
+    },
+}
+
+/// One replica in a [`MembersView`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberInfo {
+    /// Raft id.
+    pub id: u64,
+    /// Shoal node id.
+    pub node: String,
+    /// Replica-to-replica address.
+    pub raft_addr: String,
+    /// Agent RPC address.
+    pub rpc_addr: String,
+    /// A voter of the current configuration (else a learner).
+    pub voter: bool,
+    /// The last log index the leader knows it holds (`None`: unknown, or not asked by a
+    /// leader).
+    pub matched_index: Option<u64>,
+    /// Ms since the leader last heard a Raft answer from it (`None`: never, or not a leader;
+    /// 0 for the leader itself).
+    pub last_heard_ms: Option<u64>,
+}
+
+/// The replica set as one replica sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MembersView {
+    /// Raft id of the replica that answered.
+    pub answered_by: u64,
+    /// Raft id of the leader it knows.
+    pub leader: Option<u64>,
+    /// Log index of the membership entry in force.
+    pub config_index: Option<u64>,
+    /// True while a joint configuration (old and new voters) is in force.
+    pub joint: bool,
+    /// Every voter and learner.
+    pub members: Vec<MemberInfo>,
 }
 
 /// The authority's answer.
@@ -166,6 +232,8 @@ pub enum AuthorityOk {
     Policy(Option<SignedPolicy>),
     /// Status of the replica that answered.
     Status(AuthorityStatus),
+    /// The replica set after a `Members` request (for a change: once it has committed).
+    Members(MembersView),
 }
 
 /// Replica status, for `shoal authority status` and agents' diagnostics.

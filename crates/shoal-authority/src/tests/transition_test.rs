@@ -137,6 +137,10 @@ fn expired_is_terminal() {
         .unwrap();
     let refusal = h.refused(h.transition(node(0), "a-1", 1, Ready, ReadinessPassed));
     assert_eq!(refusal, Refusal::Expired);
+    // A retried deregister is answered like any retry (the server then replies with the
+    // committed EXPIRED record), not refused as a new transition out of EXPIRED.
+    let refusal = h.refused(h.transition(node(0), "a-1", 1, Expired, Deregistered));
+    assert_eq!(refusal, Refusal::AlreadyInState(Expired));
 }
 
 #[test]

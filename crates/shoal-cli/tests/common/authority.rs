@@ -70,6 +70,8 @@ pub struct Region3 {
     pub region_key: SigningKey,
     pub auths: Vec<Authority>,
     pub agents: Vec<Agent>,
+    /// How many of `auths` are initial voters (the rest are spares with `join = true`).
+    pub voters: usize,
 }
 
 impl Drop for Region3 {
@@ -124,6 +126,13 @@ pub fn auth_ip(subnet: u8, i: usize) -> String {
 impl Region3 {
     /// 3 authorities (each with an embedded mesh member) and `n` agents trusting the region key.
     pub fn new(subnet: u8, n: usize) -> Self {
+        Self::with_replicas(subnet, 3, 0, n)
+    }
+
+    /// `replicas` voters (auth-1..), `spare` more replicas configured with `join = true` (not
+    /// members until `members add`), and `n` agents. Agents know every replica's address.
+    pub fn with_replicas(subnet: u8, replicas: usize, spare: usize, n: usize) -> Self {
+        let total = replicas + spare;
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
         let region: Region = "dev".parse().unwrap();
@@ -140,11 +149,12 @@ impl Region3 {
         let names: Vec<String> = (0..n)
             .map(|i| format!("node-{}", (b'a' + i as u8) as char))
             .collect();
-        let extra = ["node-x".to_owned()]; // the rogue member of the bad-signature check
+        // The rogue member of the bad-signature check, and an operator for `members`.
+        let extra = ["node-x".to_owned(), "operator-ops".to_owned()];
         for name in names
             .iter()
             .cloned()
-            .chain((1..=3).map(|i| format!("auth-{i}")))
+            .chain((1..=total).map(|i| format!("auth-{i}")))
             .chain(extra)
         {
             certs::create_node_cert(
@@ -159,21 +169,21 @@ impl Region3 {
         let agent_addrs: Vec<String> = (0..n)
             .map(|i| format!("\"{}:{PORT}\"", agent_ip(subnet, i)))
             .collect();
-        let mesh_addrs: Vec<String> = (0..3)
+        let mesh_addrs: Vec<String> = (0..total)
             .map(|i| format!("\"{}:{MESH_PORT}\"", auth_ip(subnet, i)))
             .collect();
-        let rpc_addrs: Vec<String> = (0..3)
+        let rpc_addrs: Vec<String> = (0..total)
             .map(|i| format!("\"{}:{RPC_PORT}\"", auth_ip(subnet, i)))
             .collect();
-        let mut members = String::new();
-        for i in 0..3 {
+        let member_toml = |i: usize| {
             let ip = auth_ip(subnet, i);
-            members.push_str(&format!(
+            format!(
                 "[[members]]\nid = {}\nnode = \"auth-{}\"\nraft_addr = \"{ip}:{RAFT_PORT}\"\nrpc_addr = \"{ip}:{RPC_PORT}\"\n\n",
                 i + 1,
                 i + 1
-            ));
-        }
+            )
+        };
+        let members: String = (0..replicas).map(member_toml).collect();
         // The agents' SWIM timings (common::MEMBERSHIP) without the agent-only key.
         let knobs: String = MEMBERSHIP
             .lines()
@@ -181,11 +191,16 @@ impl Region3 {
             .map(|l| format!("{l}\n"))
             .collect();
         let mut auths = Vec::new();
-        for i in 0..3 {
+        for i in 0..total {
             let name = format!("auth-{}", i + 1);
+            let (join, members) = if i < replicas {
+                ("", members.clone())
+            } else {
+                ("join = true\n", format!("{members}{}", member_toml(i)))
+            };
             let config = dir.join(format!("{name}.toml"));
             let text = format!(
-                "id = {}\nregion = \"dev\"\ndata_dir = \"{}\"\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
+                "{join}id = {}\nregion = \"dev\"\ndata_dir = \"{}\"\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
                  signing_key = \"{}\"\nheartbeat_ms = 100\nelection_timeout_ms = 500\nwrite_timeout_ms = 2000\n\
                  quorum_stale_ms = 1000\nexpire_interval_ms = 200\n\
                  mesh_addr = \"{}:{MESH_PORT}\"\nmesh_seeds = [{}]\n\n[mesh]\ncluster_size = 8\njoin_max_ms = 1000\n\
@@ -236,11 +251,13 @@ impl Region3 {
             region_key,
             auths,
             agents,
+            voters: replicas,
         }
     }
 
+    /// Starts the initial voters (not the spares) and every agent.
     pub fn start_all(&mut self) {
-        for a in &mut self.auths {
+        for a in self.auths.iter_mut().take(self.voters) {
             a.start();
         }
         for a in &mut self.agents {
@@ -330,4 +347,427 @@ pub fn wait_members(agent: &Agent, n: u64) {
         let (_, v) = agent.get("/v1/agent/self")?;
         (v["members"].as_u64()? >= n && v["active"] == true).then_some(())
     });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Write workload and checker (issue 14): register, ready, drain, deregister through several
+// agents while faults run; then every acknowledged write is checked against every agent.
+
+/// One acknowledged write, as the agent that forwarded it answered.
+#[derive(Clone, Debug)]
+pub struct Ack {
+    pub worker: usize,
+    pub instance: String,
+    /// `register`, `ready`, `drain` or `deregister`.
+    pub action: &'static str,
+    pub generation: u64,
+    pub revision: u64,
+    /// The lifecycle state the write produced.
+    pub state: &'static str,
+}
+
+/// What the workload did: acknowledged writes (in each worker's order) and attempts that got
+/// no acknowledgement (retried until acknowledged).
+#[derive(Debug, Default)]
+pub struct WorkloadLog {
+    pub acks: Vec<Ack>,
+    pub unacked_attempts: u64,
+    /// Acknowledged writes re-sent once (idempotency probe): (instance, action, first
+    /// revision, revision of the repeat).
+    pub repeats: Vec<(String, &'static str, u64, u64)>,
+    /// Writes refused outright (4xx) on their first attempt: the workload never asks for an
+    /// illegal transition, so each is a violation.
+    pub refused: Vec<String>,
+    /// Instances whose last write's outcome is unknown: an attempt without acknowledgement,
+    /// then a refusal of its retry. Left out of the catalog check, kept in the history check.
+    pub uncertain: Vec<String>,
+}
+
+/// The outcome of one write attempt.
+enum Attempt {
+    /// Acknowledged: (generation, revision).
+    Acked(u64, u64),
+    /// No answer or 5xx (no quorum, not leader yet): retry.
+    Retry,
+    /// Refused (4xx): the body.
+    Refused(String),
+}
+
+const STEPS: [(&str, &str); 4] = [
+    ("register", "STARTING"),
+    ("ready", "READY"),
+    ("drain", "DRAINING"),
+    ("deregister", "EXPIRED"),
+];
+
+/// One write attempt.
+fn attempt(agent: &Agent, instance: &str, step: usize, port: u16) -> Attempt {
+    let answer = if step == 0 {
+        let body = format!(
+            "{{\"instance\":\"{instance}\",\"address\":\"{}:{port}\"}}",
+            agent.ip
+        );
+        agent.post(&format!("{SVC}/register"), &body)
+    } else {
+        let (action, _) = STEPS[step];
+        agent.post(&format!("{SVC}/instances/{instance}/{action}"), "")
+    };
+    let Some((code, v)) = answer else {
+        return Attempt::Retry;
+    };
+    if (400..500).contains(&code) {
+        return Attempt::Refused(format!("{code} {v}"));
+    }
+    if code != 200 {
+        return Attempt::Retry;
+    }
+    let acked = || -> Option<(u64, u64)> {
+        let generation = v["generation"].as_u64()?;
+        if step > 0 {
+            return Some((generation, v["revision"].as_u64()?));
+        }
+        // Read-your-writes: the agent applied the records before answering.
+        let e = endpoint_at(agent, instance)?;
+        (e["generation"].as_u64()? == generation).then_some(())?;
+        Some((generation, e["revision"].as_u64()?))
+    };
+    match acked() {
+        Some((g, r)) => Attempt::Acked(g, r),
+        None => Attempt::Refused(format!("200 without generation/revision: {v}")),
+    }
+}
+
+/// Runs `workers` workers (worker `w` writes through agent `w % agents.len()`) until `stop`
+/// is set; each cycles its own instances through register, ready, drain, deregister, retrying
+/// an unacknowledged step until it is acknowledged (bounded by `WAIT` per step after `stop`).
+/// Every 7th acknowledged transition is sent again and must be answered with the same revision.
+pub fn run_workload(
+    agents: &[&Agent],
+    workers: usize,
+    seed: u64,
+    stop: &std::sync::atomic::AtomicBool,
+) -> WorkloadLog {
+    use std::sync::atomic::Ordering;
+    let logs: Vec<WorkloadLog> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|w| {
+                let agent = agents[w % agents.len()];
+                s.spawn(move || {
+                    let mut log = WorkloadLog::default();
+                    let mut rng = seed ^ (w as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                    let mut k = 0u64;
+                    'outer: loop {
+                        let instance = format!("w{w}-{k}");
+                        let port = 10_000 + (w as u16) * 1_000 + (k % 1_000) as u16;
+                        // Instances stop at a random step (0..=3) so the final catalog holds
+                        // every state.
+                        rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                        let last = (rng >> 33) as usize % 4;
+                        for (step, &(action, state)) in STEPS.iter().enumerate().take(last + 1) {
+                            let mut stopped_at = None;
+                            let mut tries = 0;
+                            let ack = loop {
+                                tries += 1;
+                                match attempt(agent, &instance, step, port) {
+                                    Attempt::Acked(g, r) => break Some((g, r)),
+                                    Attempt::Retry => {}
+                                    Attempt::Refused(why) if tries == 1 => {
+                                        log.refused.push(format!("{action} {instance}: {why}"));
+                                        break None;
+                                    }
+                                    Attempt::Refused(_) => {
+                                        log.uncertain.push(instance.clone());
+                                        break None;
+                                    }
+                                }
+                                log.unacked_attempts += 1;
+                                if stop.load(Ordering::Relaxed) {
+                                    let t = *stopped_at.get_or_insert_with(std::time::Instant::now);
+                                    if t.elapsed() > WAIT {
+                                        break None;
+                                    }
+                                    if step == 0 {
+                                        break None; // a register never acknowledged: no write to finish
+                                    }
+                                }
+                                std::thread::sleep(Duration::from_millis(100)); // retry pacing, not synchronisation
+                            };
+                            let Some((generation, revision)) = ack else {
+                                if stop.load(Ordering::Relaxed) && step > 0 && stopped_at.is_some_and(|t: std::time::Instant| t.elapsed() > WAIT) {
+                                    log.refused.push(format!("{instance}: step {step} never acknowledged within {WAIT:?} after the faults stopped"));
+                                    log.uncertain.push(instance.clone());
+                                }
+                                if stop.load(Ordering::Relaxed) {
+                                    break 'outer;
+                                }
+                                break; // next instance
+                            };
+                            log.acks.push(Ack { worker: w, instance: instance.clone(), action, generation, revision, state });
+                            if step > 0 && log.acks.len() % 7 == 0 {
+                                match attempt(agent, &instance, step, port) {
+                                    Attempt::Acked(g2, r2) => {
+                                        if g2 != generation {
+                                            log.refused.push(format!("{action} {instance} repeated: generation {g2} != {generation}"));
+                                        }
+                                        log.repeats.push((instance.clone(), action, revision, r2));
+                                    }
+                                    Attempt::Refused(why) => log.refused.push(format!("{action} {instance} repeated: {why}")),
+                                    Attempt::Retry => {}
+                                }
+                            }
+                        }
+                        k += 1;
+                        if stop.load(Ordering::Relaxed) {
+                            break;
+                        }
+                    }
+                    log
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut out = WorkloadLog::default();
+    for l in logs {
+        out.acks.extend(l.acks);
+        out.unacked_attempts += l.unacked_attempts;
+        out.repeats.extend(l.repeats);
+        out.refused.extend(l.refused);
+        out.uncertain.extend(l.uncertain);
+    }
+    out
+}
+
+/// The checker. Safety of the acknowledged history (no agent needed):
+/// - each worker's acknowledged revisions strictly increase (its writes are sequential);
+/// - no revision is acknowledged for two different writes, and a write acknowledged twice
+///   (the idempotency probe) has the same revision both times.
+///
+/// Returns the violations (empty: pass).
+pub fn check_history(log: &WorkloadLog) -> Vec<String> {
+    let mut bad = Vec::new();
+    let mut last: std::collections::BTreeMap<usize, u64> = Default::default();
+    let mut by_rev: std::collections::BTreeMap<u64, (String, &str, u64)> = Default::default();
+    for a in &log.acks {
+        if let Some(prev) = last.insert(a.worker, a.revision) {
+            if a.revision <= prev {
+                bad.push(format!(
+                    "worker {}: {} {} acknowledged revision {} after {prev}",
+                    a.worker, a.action, a.instance, a.revision
+                ));
+            }
+        }
+        let this = (a.instance.clone(), a.action, a.generation);
+        if let Some(other) = by_rev.insert(a.revision, this.clone()) {
+            if other != this {
+                bad.push(format!(
+                    "revision {} acknowledged for {other:?} and {this:?}",
+                    a.revision
+                ));
+            }
+        }
+    }
+    bad.extend(log.refused.iter().map(|r| format!("refused: {r}")));
+    for (inst, action, r1, r2) in &log.repeats {
+        if r1 != r2 {
+            bad.push(format!(
+                "{action} {inst} acknowledged twice with revisions {r1} and {r2}"
+            ));
+        }
+    }
+    bad
+}
+
+/// What each acknowledged instance must look like on every agent: its last acknowledged
+/// write's (generation, revision, state).
+pub fn expected_catalog(
+    log: &WorkloadLog,
+) -> std::collections::BTreeMap<String, (u64, u64, &'static str)> {
+    let mut m = std::collections::BTreeMap::new();
+    for a in &log.acks {
+        m.insert(a.instance.clone(), (a.generation, a.revision, a.state));
+    }
+    for u in &log.uncertain {
+        m.remove(u);
+    }
+    m
+}
+
+/// Differences between `agent`'s catalog and `expected`: an instance whose last acknowledged
+/// write left it live must be listed with exactly that generation, revision and state; one
+/// whose last write was a deregister must not be listed (EXPIRED is never listed).
+/// `None` when the agent does not answer.
+pub fn catalog_diff(
+    agent: &Agent,
+    expected: &std::collections::BTreeMap<String, (u64, u64, &'static str)>,
+) -> Option<Vec<String>> {
+    let (_, v) = agent.get(&format!("{SVC}/endpoints"))?;
+    let held: std::collections::BTreeMap<String, (u64, u64, String)> = v["endpoints"]
+        .as_array()?
+        .iter()
+        .map(|e| {
+            (
+                e["instance"].as_str().unwrap_or("").to_owned(),
+                (
+                    e["generation"].as_u64().unwrap_or(0),
+                    e["revision"].as_u64().unwrap_or(0),
+                    e["state"].as_str().unwrap_or("").to_owned(),
+                ),
+            )
+        })
+        .collect();
+    let mut diff = Vec::new();
+    for (inst, (g, r, s)) in expected {
+        let got = held.get(inst);
+        let ok = if *s == "EXPIRED" {
+            got.is_none()
+        } else {
+            got.is_some_and(|(hg, hr, hs)| hg == g && hr == r && hs == s)
+        };
+        if !ok {
+            diff.push(format!(
+                "{}: {inst} acknowledged ({g}, {r}, {s}), holds {got:?}",
+                agent.name
+            ));
+        }
+    }
+    Some(diff)
+}
+
+/// Waits (bounded by `timeout`) until every agent's catalog matches the acknowledged writes;
+/// returns the remaining differences (empty: pass).
+pub fn check_agents(agents: &[&Agent], log: &WorkloadLog, timeout: Duration) -> Vec<String> {
+    let expected = expected_catalog(log);
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let diffs: Vec<String> = agents
+            .iter()
+            .flat_map(|a| {
+                catalog_diff(a, &expected).unwrap_or_else(|| vec![format!("{}: no answer", a.name)])
+            })
+            .collect();
+        if diffs.is_empty() || std::time::Instant::now() > deadline {
+            return diffs;
+        }
+        std::thread::sleep(Duration::from_millis(200)); // polling interval of a bounded wait
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Operator commands against the replicas.
+
+/// Status of replica `i` as JSON, via `shoal authority status`.
+pub fn replica_status(r: &Region3, i: usize) -> Option<Value> {
+    let dir = r.tmp.path();
+    let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
+        .args(["authority", "status", "--timeout-ms", "1000", "--addr"])
+        .arg(format!("{}:{RPC_PORT}", auth_ip(r.subnet, i)))
+        .arg("--ca")
+        .arg(dir.join("dev-ca.pem"))
+        .arg("--cert")
+        .arg(dir.join("dev-node-node-a.pem"))
+        .arg("--key")
+        .arg(dir.join("dev-node-node-a-key.pem"))
+        .output()
+        .ok()?;
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+/// Index in `r.auths` of the leader some running replica reports.
+pub fn leader_index(r: &Region3) -> Option<usize> {
+    let name = (0..r.auths.len())
+        .filter(|i| r.auths[*i].child.is_some())
+        .find_map(|i| replica_status(r, i)?["leader"].as_str().map(str::to_owned))?;
+    r.auths.iter().position(|a| a.name == name)
+}
+
+/// The operator certificate (`operator-ops`) made with the region.
+pub fn operator_cert(r: &Region3) -> (PathBuf, PathBuf) {
+    let dir = r.tmp.path();
+    (
+        dir.join("dev-node-operator-ops.pem"),
+        dir.join("dev-node-operator-ops-key.pem"),
+    )
+}
+
+/// Runs `shoal authority members <args>` against replica `via` with `cert`/`key`;
+/// (success, stdout JSON or Null, stderr).
+pub fn members_cmd_as(
+    r: &Region3,
+    via: usize,
+    cert: &Path,
+    key: &Path,
+    args: &[&str],
+) -> (bool, Value, String) {
+    let dir = r.tmp.path();
+    let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
+        .args(["authority", "members"])
+        .args(args)
+        .arg("--addr")
+        .arg(format!("{}:{RPC_PORT}", auth_ip(r.subnet, via)))
+        .arg("--ca")
+        .arg(dir.join("dev-ca.pem"))
+        .arg("--cert")
+        .arg(cert)
+        .arg("--key")
+        .arg(key)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// As [`members_cmd_as`] with the operator certificate.
+pub fn members_cmd(r: &Region3, via: usize, args: &[&str]) -> (bool, Value, String) {
+    let (cert, key) = operator_cert(r);
+    members_cmd_as(r, via, &cert, &key, args)
+}
+
+/// The voter ids of a `members` JSON answer.
+pub fn voters_of(v: &Value) -> Vec<u64> {
+    v["members"]
+        .as_array()
+        .map(|m| {
+            m.iter()
+                .filter(|m| m["voter"] == true)
+                .filter_map(|m| m["id"].as_u64())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A handle on `a` that talks to its socket but does not own its process (for workload
+/// threads while the test keeps killing and restarting processes).
+pub fn socket_handle(a: &Agent) -> Agent {
+    Agent {
+        name: a.name.clone(),
+        ip: a.ip.clone(),
+        dir: a.dir.clone(),
+        config: a.config.clone(),
+        socket: a.socket.clone(),
+        child: None,
+    }
+}
+
+/// Starts [`run_workload`] on a thread over handles of every agent of `r`; set the returned
+/// flag to stop it, then join the handle for the log.
+pub fn spawn_workload(
+    r: &Region3,
+    workers: usize,
+    seed: u64,
+) -> (
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    std::thread::JoinHandle<WorkloadLog>,
+) {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let handles: Vec<Agent> = r.agents.iter().map(socket_handle).collect();
+    let flag = stop.clone();
+    let join = std::thread::spawn(move || {
+        let refs: Vec<&Agent> = handles.iter().collect();
+        run_workload(&refs, workers, seed, &flag)
+    });
+    (stop, join)
 }
