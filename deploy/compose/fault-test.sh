@@ -111,8 +111,9 @@ wait_recovered drain "$t0"
 
 phase partition
 t0=$(now)
-for n in "$victim" "${victim_backends[@]}"; do docker network disconnect -f "$(net_of)" "$(c "$n")"; done
+# The event first: the SLO clock starts before the fault, never after it.
 event partitioned ",\"node\":\"$victim\",\"backends\":$victim_json"
+for n in "$victim" "${victim_backends[@]}"; do docker network disconnect -f "$(net_of)" "$(c "$n")"; done
 sleep "$PARTITION_S"
 phase partition_heal
 t1=$(now)
@@ -129,12 +130,12 @@ event paused ",\"node\":\"r1-a2\""
 sleep "$STALL_S"
 docker unpause "$(c r1-a2)" >/dev/null
 event unpaused ",\"node\":\"r1-a2\""
-wait_recovered stall "$t0"
+wait_recovered stall "$(now)"
 
 phase node_loss
 t0=$(now)
-docker kill "$(c "$victim")" "${victim_backends[@]/#/$PROJECT-}" >/dev/null
 event killed ",\"node\":\"$victim\",\"backends\":$victim_json"
+docker kill "$(c "$victim")" "${victim_backends[@]/#/$PROJECT-}" >/dev/null
 sleep "$KILL_WAIT_S"
 phase node_return
 t1=$(now)
@@ -146,6 +147,7 @@ wait_recovered node_loss "$t1"
 phase agent_roll
 t0=$(now)
 for j in $(seq 2 "$AGENTS"); do
+  t0=$(now)
   docker restart -t 15 "$(c "r1-a$j")" >/dev/null
   wait_agent_ready "r1-a$j"
   event restarted ",\"node\":\"r1-a$j\""
