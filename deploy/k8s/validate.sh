@@ -9,12 +9,20 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 K8S_VERSION=${K8S_VERSION:-1.30.0}
-if ! command -v kubernetes-validate >/dev/null; then
-  python3 -m pip install --quiet 'kubernetes-validate==1.37.0'
+# The validator: on PATH, else in a private venv (Debian's system Python refuses `pip install`
+# outside one, PEP 668; needs python3-venv).
+KV=$(command -v kubernetes-validate || true)
+if [[ -z $KV ]]; then
+  venv=${XDG_CACHE_HOME:-$HOME/.cache}/shoal-kubernetes-validate
+  [[ -x $venv/bin/kubernetes-validate ]] || {
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet 'kubernetes-validate==1.37.0'
+  }
+  KV=$venv/bin/kubernetes-validate
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-kv() { kubernetes-validate --strict --quiet -k "$K8S_VERSION" "$@"; }
+kv() { "$KV" --strict --quiet -k "$K8S_VERSION" "$@"; }
 kv "$ROOT"/deploy/k8s/*.yaml
 echo "kubernetes-validate $K8S_VERSION: $(ls "$ROOT"/deploy/k8s/*.yaml | wc -l) manifest files valid"
 if [[ -n ${SHOAL:-} || -x $ROOT/target/debug/shoal || -x $ROOT/target/release/shoal ]]; then
