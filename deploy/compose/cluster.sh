@@ -118,6 +118,11 @@ service() {
     local v; for v in "${vols[@]}"; do printf '      - "%s"\n' "$v"; done
     printf '    command:\n'
     local a; for a in "${args[@]}"; do printf '      - "%s"\n' "$a"; done
+    if [[ ${args[0]} == agent ]]; then
+      # Docker's health status = the agent's liveness (never fails on an authority outage).
+      printf '    healthcheck:\n      test: ["CMD", "/usr/local/bin/shoal", "probe", "live"]\n'
+      printf '      interval: 10s\n      timeout: 3s\n      retries: 3\n      start_period: 30s\n'
+    fi
   } >> "$Y"
 }
 
