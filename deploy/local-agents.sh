@@ -2,19 +2,64 @@
 # Starts a local cluster of N shoal agents (default 3) on 127.0.0.1..N, one region "dev", with a
 # generated dev CA and the DEVELOPMENT authority on the first agent (insecure; never production).
 #
-#   deploy/local-agents.sh [N] [DIR]      start (DIR default: /tmp/shoal-local)
-#   deploy/local-agents.sh stop [DIR]     stop them (graceful leave)
+#   deploy/local-agents.sh [N] [DIR]      start (DIR default: /tmp/shoal-local); returns once every
+#                                         agent answers /v1/agent/ready (bounded: START_TIMEOUT_S, 30)
+#   deploy/local-agents.sh stop [DIR]     stop the agents this script started (SIGTERM: graceful
+#                                         leave; SIGKILL after 10 s)
+#
+# Refuses to start while an agent it started in DIR still runs. Each pid file holds the pid of a
+# process that was verified to be `shoal agent --config DIR/<node>.toml`; `stop` checks that again
+# before signalling, so a reused pid is never killed.
 set -euo pipefail
 SHOAL=${SHOAL:-$(cd "$(dirname "$0")/.." && pwd)/target/release/shoal}
+
+# ours PIDFILE: the pid in it if that process is still our agent for this config.
+ours() {
+  local p=$1 pid name
+  [[ -f $p ]] || return 1
+  pid=$(cat "$p"); name=$(basename "$p" .pid)
+  [[ $pid =~ ^[0-9]+$ ]] || return 1
+  { tr '\0' ' ' < "/proc/$pid/cmdline"; } 2>/dev/null | grep -q -- "agent --config $DIR/$name.toml" || return 1
+  echo "$pid"
+}
+
+stop_all() {
+  local p pid pids=()
+  for p in "$DIR"/*.pid; do
+    [[ -f $p ]] || continue
+    if pid=$(ours "$p"); then pids+=("$pid"); fi
+    rm -f "$p"
+  done
+  [[ ${#pids[@]} -gt 0 ]] || { echo "no agents of $DIR running"; return 0; }
+  kill -TERM "${pids[@]}" 2>/dev/null || true
+  for _ in $(seq 1 100); do
+    local alive=0
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [[ $alive == 0 ]] && break
+    sleep 0.1
+  done
+  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+  echo "stopped ${#pids[@]} agents of $DIR"
+}
+
 if [[ "${1:-}" == stop ]]; then
   DIR=${2:-/tmp/shoal-local}
-  for p in "$DIR"/*.pid; do [[ -f $p ]] && kill -TERM "$(cat "$p")" 2>/dev/null || true; rm -f "$p"; done
+  stop_all
   exit 0
 fi
 N=${1:-3}
 DIR=${2:-/tmp/shoal-local}
 [[ -x $SHOAL ]] || { echo "build first: cargo build --release -p shoal-cli" >&2; exit 1; }
-mkdir -p "$DIR" && cd "$DIR"
+mkdir -p "$DIR"
+DIR=$(cd "$DIR" && pwd)
+for p in "$DIR"/*.pid; do
+  if pid=$(ours "$p"); then
+    echo "agents already run in $DIR (pid $pid, $(basename "$p" .pid)); run: $0 stop $DIR" >&2
+    exit 1
+  fi
+  rm -f "$p"
+done
+cd "$DIR"
 [[ -f dev-ca.pem ]] || "$SHOAL" certs ca --region dev --out . >/dev/null
 for i in $(seq 1 "$N"); do
   name=node-$i
@@ -46,7 +91,22 @@ $auth
 # Development policy: every local caller may do everything (logged loudly at start).
 dev_allow_all = true
 CONF
-  "$SHOAL" agent --config "$name.toml" >"$name.log" 2>&1 &
+  "$SHOAL" agent --config "$DIR/$name.toml" >>"$name.log" 2>&1 </dev/null &
   echo $! > "$name.pid"
 done
-echo "started $N agents in $DIR (sockets $DIR/node-*.sock, metrics 127.0.0.1:9464..)"
+
+# Wait (bounded) until every agent serves; any agent that exits fails the start and stops the rest.
+deadline=$((SECONDS + ${START_TIMEOUT_S:-30}))
+for i in $(seq 1 "$N"); do
+  name=node-$i
+  until curl -sf --max-time 2 --unix-socket "$DIR/$name.sock" http://agent/v1/agent/ready >/dev/null 2>&1; do
+    if ! ours "$name.pid" >/dev/null || (( SECONDS > deadline )); then
+      echo "agent $name did not come up (see $DIR/$name.log):" >&2
+      tail -5 "$DIR/$name.log" >&2
+      stop_all >&2
+      exit 1
+    fi
+    sleep 0.2
+  done
+done
+echo "started $N agents in $DIR, all serving (sockets $DIR/node-*.sock, metrics 127.0.0.1:9464..)"

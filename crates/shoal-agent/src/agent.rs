@@ -174,6 +174,7 @@ pub async fn run_until(
         owners,
         local_probes,
         refusals: Default::default(),
+        member_changes: Default::default(),
         mesh: RwLock::new(mesh),
         origin: tokio::time::Instant::now(),
         index: index_tx,
@@ -231,7 +232,12 @@ pub async fn run_until(
         }));
     }
     tracing::info!(socket = %socket.display(), "local API listening");
+    notify_service_manager(&[
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status("local API listening"),
+    ]);
     shutdown.await;
+    notify_service_manager(&[sd_notify::NotifyState::Stopping]);
     for t in &tasks {
         t.abort();
     }
@@ -240,6 +246,15 @@ pub async fn run_until(
     let _ = std::fs::remove_file(&socket);
     tracing::info!("agent stopped");
     Ok(())
+}
+
+/// Tells systemd (`Type=notify`, `$NOTIFY_SOCKET`) about a state change: `READY=1` once the
+/// local API listens, `STOPPING=1` at shutdown. Without `$NOTIFY_SOCKET` it does nothing; a
+/// failed send is logged and changes nothing else (the agent serves either way).
+fn notify_service_manager(states: &[sd_notify::NotifyState<'_>]) {
+    if let Err(e) = sd_notify::notify(states) {
+        tracing::warn!(error = %e, "sd_notify to $NOTIFY_SOCKET failed");
+    }
 }
 
 fn bind_socket(

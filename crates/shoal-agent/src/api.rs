@@ -140,8 +140,10 @@ pub fn router(shared: Arc<Shared>) -> Router {
             post(lifecycle),
         )
         .route("/v1/agent/self", get(agent_self))
-        .route("/v1/agent/members", get(members))
+        .route("/v1/agent/members", get(crate::members_view::members))
         .route("/v1/agent/health", get(health))
+        .route("/v1/agent/live", get(crate::health_endpoints::live))
+        .route("/v1/agent/ready", get(crate::health_endpoints::ready))
         .route("/v1/openapi.json", get(openapi))
         .fallback(not_found)
         .with_state(shared)
@@ -1194,21 +1196,6 @@ async fn agent_self(State(shared): State<Arc<Shared>>) -> Response {
         );
         body.insert("dev_authority_key".into(), json!(k));
     }
-    with_index(&shared, StatusCode::OK, Value::Object(body))
-}
-
-async fn members(State(shared): State<Arc<Shared>>) -> Response {
-    let list: Vec<Value> = {
-        let mesh = shared.mesh.read().expect("mesh lock");
-        let me = mesh.membership().identity();
-        std::iter::once(json!({"node": me.node.as_str(), "address": me.addr.to_string(), "boot": me.boot.0, "state": "self"}))
-            .chain(mesh.membership().members().map(|m| {
-                json!({"node": m.node.as_str(), "address": m.addr.to_string(), "boot": m.boot.0, "state": "alive"})
-            }))
-            .collect()
-    };
-    let mut body = freshness(&shared);
-    body.insert("members".into(), Value::Array(list));
     with_index(&shared, StatusCode::OK, Value::Object(body))
 }
 

@@ -289,9 +289,11 @@ impl Driver {
                     MembershipEvent::Up(id) => {
                         tracing::info!(node = %id.node, addr = %id.addr, boot = id.boot.0, "member up");
                         shared.status.lock().expect("status").last_peer_ms = Some(now);
+                        shared.record_member_change(&id.node, now);
                     }
                     MembershipEvent::Down(id) => {
                         tracing::info!(node = %id.node, addr = %id.addr, boot = id.boot.0, "member down");
+                        shared.record_member_change(&id.node, now);
                     }
                     MembershipEvent::Active => {
                         tracing::info!("membership active");

@@ -8,7 +8,7 @@
 //! Modules, in boot order: [`config`] (TOML, validated), [`keys`] (data dir: node key, boot
 //! generation), [`persist`] (snapshots), [`agent`] (boot and tasks), [`driver`] (the one task
 //! that owns the mesh), [`client`] (authority RPC), [`dev_authority`], [`listener`] (local socket connections),
-//! [`access`] (who may do what), [`api`], [`probes`], [`metrics`].
+//! [`access`] (who may do what), [`api`], [`health_endpoints`] (liveness, readiness), [`members_view`] (`/v1/agent/members`), [`probes`], [`metrics`].
 
 pub mod access;
 pub mod agent;
@@ -17,9 +17,11 @@ pub mod client;
 pub mod config;
 pub mod dev_authority;
 pub mod driver;
+pub mod health_endpoints;
 pub mod keys;
 pub mod listener;
 pub mod local_probes;
+pub mod members_view;
 pub mod metrics;
 pub mod persist;
 pub mod probes;

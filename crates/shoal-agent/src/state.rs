@@ -110,6 +110,25 @@ pub struct Shared {
     pub local_probes: crate::local_probes::LocalProbes,
     /// Refused writes already logged.
     pub refusals: crate::access::RefusalLog,
+    /// When (monotonic ms, [`Shared::now_ms`]) each member last went up or down in our view,
+    /// for `shoal members` ("last change"). At most [`MAX_MEMBER_CHANGES`] nodes; changes of
+    /// nodes beyond that are not recorded (counted in `shoal_member_changes_dropped_total`).
+    pub member_changes: Mutex<HashMap<shoal_proto::NodeId, u64>>,
+}
+
+/// Bound of [`Shared::member_changes`] (a region is ~1,667 nodes; nodes that left stay listed).
+pub const MAX_MEMBER_CHANGES: usize = 65_536;
+
+impl Shared {
+    /// Records a membership change of `node` at `now_ms` (see [`Shared::member_changes`]).
+    pub fn record_member_change(&self, node: &shoal_proto::NodeId, now_ms: u64) {
+        let mut m = self.member_changes.lock().expect("member changes");
+        if m.len() >= MAX_MEMBER_CHANGES && !m.contains_key(node) {
+            metrics::counter!("shoal_member_changes_dropped_total").increment(1);
+            return;
+        }
+        m.insert(node.clone(), now_ms);
+    }
 }
 
 impl Shared {

@@ -28,8 +28,9 @@ pub enum AuthorityCmd {
     },
     /// Print a replica's status (leader, term, revision, members) as JSON.
     Status {
-        /// The replica's RPC address (`ip:port`).
-        #[arg(long)]
+        /// The replica's RPC address (`ip:port`; default `$SHOAL_AUTHORITY_ADDR`, which lets a
+        /// Kubernetes exec probe name its own pod IP).
+        #[arg(long, env = "SHOAL_AUTHORITY_ADDR")]
         addr: SocketAddr,
         /// Region CA PEM.
         #[arg(long)]
@@ -277,6 +278,8 @@ pub fn init_tracing() {
                 .unwrap_or_else(|_| "info,openraft=warn".into()),
         )
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: log files and journald get plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 }
 

@@ -10,7 +10,8 @@
 //! signing_key = "/etc/shoal/region.key"   # 64 hex chars: the region's ed25519 seed (same on every replica)
 //! metrics_addr = "127.0.0.1:9465"         # optional Prometheus text endpoint (loopback)
 //! operators = ["ops-alice"]               # node ids treated as operators, besides "operator-*"
-//! mesh_addr = "10.0.0.1:7102"             # embedded mesh member (optional; none: no member)
+//! mesh_addr = "10.0.0.1:7102"             # embedded mesh member (optional; none: no member;
+//!                                         # $SHOAL_MESH_ADDR overrides it, e.g. with a pod IP)
 //! mesh_seeds = ["10.0.0.20:7946"]         # agent addresses to join through
 //!
 //! [mesh]                                  # optional SWIM knobs; match the agents' [membership]
@@ -278,10 +279,27 @@ impl AuthorityConfig {
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let cfg: Self =
+        let mut cfg: Self =
             toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        cfg.override_mesh_addr(std::env::var("SHOAL_MESH_ADDR").ok().as_deref())?;
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// `SHOAL_MESH_ADDR` (`ip:port`, read by [`AuthorityConfig::load`]) replaces `mesh_addr`:
+    /// where the address is only known at start, e.g. a Kubernetes pod IP
+    /// (`value: "$(POD_IP):7102"`, deploy/k8s). Empty or unset: the file's value stays.
+    ///
+    /// # Errors
+    /// A value that is not `ip:port` (nothing is changed then).
+    pub fn override_mesh_addr(&mut self, value: Option<&str>) -> anyhow::Result<()> {
+        if let Some(v) = value.filter(|v| !v.is_empty()) {
+            let addr = v
+                .parse()
+                .with_context(|| format!("SHOAL_MESH_ADDR `{v}` is not ip:port"))?;
+            self.mesh_addr = Some(addr);
+        }
+        Ok(())
     }
 
     /// Checks the member list: 3 or 5 voters (1 allowed for development), unique non-zero ids,
@@ -499,5 +517,19 @@ rpc_addr = "auth-0.auth.shoal.svc:7950"
         let bad = text.replace("auth-0.auth.shoal.svc:7951", "auth-0.auth.shoal.svc");
         let cfg: AuthorityConfig = toml::from_str(&bad).unwrap();
         assert!(cfg.validate().is_err());
+    }
+
+    #[test]
+    fn shoal_mesh_addr_overrides_the_file_and_bad_values_change_nothing() {
+        let mut cfg: AuthorityConfig = toml::from_str(BASE).unwrap();
+        assert_eq!(cfg.mesh_addr, None);
+        cfg.override_mesh_addr(None).unwrap();
+        cfg.override_mesh_addr(Some("")).unwrap();
+        assert_eq!(cfg.mesh_addr, None);
+        cfg.override_mesh_addr(Some("10.1.2.3:7102")).unwrap();
+        assert_eq!(cfg.mesh_addr, Some("10.1.2.3:7102".parse().unwrap()));
+        let err = cfg.override_mesh_addr(Some("pod:7102")).unwrap_err();
+        assert!(err.to_string().contains("SHOAL_MESH_ADDR"), "{err}");
+        assert_eq!(cfg.mesh_addr, Some("10.1.2.3:7102".parse().unwrap()));
     }
 }

@@ -971,11 +971,20 @@ pub async fn run(cfg: AuthorityConfig) -> anyhow::Result<()> {
     }
     let replica = Replica::start(cfg).await?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    // systemd `Type=notify`: storage opened, transports bound, Raft started (a no-op without
+    // $NOTIFY_SOCKET; a failed send only logs).
+    if let Err(e) = sd_notify::notify(&[
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status("replica started"),
+    ]) {
+        tracing::warn!(error = %e, "sd_notify to $NOTIFY_SOCKET failed");
+    }
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {},
         _ = term.recv() => {},
     }
     tracing::info!("shutting down");
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     replica.shutdown().await;
     Ok(())
 }

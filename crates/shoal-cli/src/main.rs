@@ -39,6 +39,14 @@ enum Cmd {
     Agent(AgentArgs),
     /// Members of this agent's region mesh.
     Members,
+    /// Supervisor probe of the local agent: exit 0 when `/v1/agent/<live|ready>` answers 200,
+    /// 1 otherwise (for Docker `HEALTHCHECK` and Kubernetes exec probes; needs no curl).
+    Probe {
+        /// `live` (process serving; never fails on an authority outage) or `ready` (serves a
+        /// view).
+        #[arg(value_parser = ["live", "ready"])]
+        what: String,
+    },
     /// Services in the local view.
     Services,
     /// Endpoints of `namespace/service/port`.
@@ -265,6 +273,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             cmd: SnapshotCmd::Inspect { file },
         } => inspect(&file, json_out).map(|()| 0),
         Cmd::Members => get_and_print(&socket, "/v1/agent/members", json_out, print_members).await,
+        Cmd::Probe { what } => probe(&socket, &what, json_out).await,
         Cmd::Services => get_and_print(&socket, "/v1/services", json_out, print_services).await,
         Cmd::Endpoints {
             key,
@@ -343,6 +352,8 @@ async fn run_agent(a: AgentArgs, socket: Option<PathBuf>) -> anyhow::Result<i32>
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: log files and journald get plain text (issue 18).
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let overrides = shoal_agent::Overrides {
         node_id: a.node_id,
@@ -359,6 +370,31 @@ async fn run_agent(a: AgentArgs, socket: Option<PathBuf>) -> anyhow::Result<i32>
     let cfg = shoal_agent::load(&a.config, overrides)?;
     shoal_agent::run(cfg).await?;
     Ok(0)
+}
+
+/// `shoal probe live|ready`: 0 on 200, 1 on any other answer or no answer (the reason on
+/// stderr, the body with `--json`).
+async fn probe(socket: &Path, what: &str, json_out: bool) -> anyhow::Result<i32> {
+    match http::request(socket, "GET", &format!("/v1/agent/{what}"), None).await {
+        Ok((status, v)) => {
+            if json_out {
+                println!("{}", serde_json::to_string(&v)?);
+            }
+            if status == 200 {
+                Ok(0)
+            } else {
+                eprintln!(
+                    "{what}: {status} {}",
+                    v["reason"].as_str().unwrap_or("not ok")
+                );
+                Ok(1)
+            }
+        }
+        Err(e) => {
+            eprintln!("{what}: no answer from {}: {e:#}", socket.display());
+            Ok(1)
+        }
+    }
 }
 
 async fn lifecycle(
@@ -462,12 +498,37 @@ fn print_members(v: &Value) {
             vec![
                 s(&m["node"]),
                 s(&m["address"]),
-                s(&m["boot"]),
                 s(&m["state"]),
+                s(&m["zone"]),
+                s(&m["version"]),
+                s(&m["boot"]),
+                m["last_change_ms_ago"]
+                    .as_u64()
+                    .map_or_else(|| "-".to_owned(), ago),
             ]
         })
         .collect();
-    table(&["NODE", "ADDRESS", "BOOT", "STATE"], rows);
+    table(
+        &[
+            "NODE",
+            "ADDRESS",
+            "STATE",
+            "ZONE",
+            "VERSION",
+            "BOOT",
+            "LAST CHANGE",
+        ],
+        rows,
+    );
+}
+
+/// `1234` ms -> `1.2s ago`, `90000` -> `1m30s ago`.
+fn ago(ms: u64) -> String {
+    match ms {
+        0..=59_999 => format!("{}.{}s ago", ms / 1000, ms % 1000 / 100),
+        60_000..=3_599_999 => format!("{}m{:02}s ago", ms / 60_000, ms % 60_000 / 1000),
+        _ => format!("{}h{:02}m ago", ms / 3_600_000, ms % 3_600_000 / 60_000),
+    }
 }
 
 fn print_services(v: &Value) {

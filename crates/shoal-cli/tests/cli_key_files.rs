@@ -117,7 +117,8 @@ fn keygen_and_certs_write_private_files_and_refuse_to_overwrite() {
 fn an_agent_refuses_a_tls_key_readable_by_others() {
     let mut c = common::Cluster::new(36, 1);
     let key = c.tmp.path().join("dev-node-node-a-key.pem");
-    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).unwrap();
+    // Readable by others (0640 would be accepted from a root-owned file, as PostgreSQL does).
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
     c.agents[0].start();
     let mut child = c.agents[0].child.take().unwrap();
     let status = common::eventually(
@@ -128,7 +129,7 @@ fn an_agent_refuses_a_tls_key_readable_by_others() {
     assert!(!status.success());
     let log = c.agents[0].log();
     assert!(
-        log.contains("dev-node-node-a-key.pem") && log.contains("0640"),
+        log.contains("dev-node-node-a-key.pem") && log.contains("0644"),
         "{log}"
     );
 }

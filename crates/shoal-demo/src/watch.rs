@@ -1,5 +1,6 @@
-//! `shoal-demo watch-gone`: polls `/v1/agent/members` on many agents until none lists `node`;
-//! prints, per agent, the ms from `--since-ms` to the first poll that no longer lists it.
+//! `shoal-demo watch-gone`: polls `/v1/agent/members` on many agents until none lists `node`
+//! as up (absent, or `state: down`); prints, per agent, the ms from `--since-ms` to the first
+//! poll that no longer lists it as up.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -37,7 +38,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .collect();
     let mut done: Vec<Option<u64>> = vec![None; sockets.len()];
     let deadline = Instant::now() + Duration::from_secs(a.timeout_s);
-    let needle = format!("\"node\":\"{}\"", a.node);
     while done.iter().any(Option::is_none) && Instant::now() < deadline {
         for (i, s) in sockets.iter().enumerate() {
             if done[i].is_some() {
@@ -45,7 +45,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             }
             if let Ok((200, v)) = call(s, "GET", "/v1/agent/members", None, Duration::from_secs(2))
             {
-                if !v.to_string().contains(&needle) {
+                // Gone = not listed, or listed as `down` (the member list keeps down nodes).
+                let listed_up = v["members"].as_array().is_some_and(|ms| {
+                    ms.iter()
+                        .any(|m| m["node"] == a.node.as_str() && m["state"] != "down")
+                });
+                if !listed_up {
                     done[i] = Some(now_ms().saturating_sub(a.since_ms));
                 }
             }

@@ -316,6 +316,16 @@ impl Membership {
         self.active.values()
     }
 
+    /// Nodes foca currently suspects (a probe failed and the suspicion is not refuted yet). A
+    /// suspect is still active in [`Membership::members`] until it is declared down. One pass
+    /// over foca's member list: for operator views, not per request.
+    pub fn suspects(&self) -> impl Iterator<Item = &NodeId> {
+        self.foca
+            .iter_membership_state()
+            .filter(|m| matches!(m.state(), State::Suspect))
+            .map(|m| &m.id().node)
+    }
+
     /// Number of active members (alive or suspect), not counting ourselves.
     pub fn num_members(&self) -> usize {
         self.active.len()

@@ -7,7 +7,7 @@
 //! | refusing to overwrite | [`Overwrite::Refuse`]: `O_EXCL` on the final path; an existing file is an [`KeyFileError::Exists`] naming it |
 //! | a directory we create | mode 0700 (every missing component, as `mkdir -p -m 700`) |
 //! | a directory that exists | never chmod'ed; a warning is logged when it is group/world writable ([`ensure_dir`], output dirs) or group/world accessible at all ([`ensure_private_dir`], data dirs holding keys) |
-//! | loading a private key | refused when the file is readable or writable by group or others, as OpenSSH refuses `id_*` keys with "UNPROTECTED PRIVATE KEY FILE" ([`read_private`]) |
+//! | loading a private key | refused when the file is readable or writable by group or others, as OpenSSH refuses `id_*` keys with "UNPROTECTED PRIVATE KEY FILE" ([`read_private`]); one exception, PostgreSQL's rule for `ssl_key_file`: a file **owned by root** may also be group-readable (0640, 0440), because only root could have granted that group read access. This is how Kubernetes projects a Secret into a pod with `fsGroup` (root-owned, mode `defaultMode \| 0440`, group = fsGroup; deploy/k8s) and how Debian's `ssl-cert` group shares keys |
 //!
 //! The owner of the file is not checked (OpenSSH does; here the file may belong to a deploy user
 //! and be read by a service user through group-less 0600 + ownership, which the mode check
@@ -241,17 +241,18 @@ fn sync_parent(path: &Path) -> io::Result<()> {
     File::open(parent(path))?.sync_all()
 }
 
-/// Checks that a private key file is neither readable nor writable by group or others.
+/// Checks that a private key file is neither readable nor writable by group or others (a
+/// root-owned file may be readable by its group, as PostgreSQL allows for its key file).
 ///
 /// # Errors
 /// [`KeyFileError::TooOpen`]; [`KeyFileError::NotFound`] / [`KeyFileError::Io`].
 pub fn check_private(path: &Path) -> Result<(), KeyFileError> {
-    let mode = fs::metadata(path)
-        .map_err(|e| KeyFileError::io(path, e))?
-        .permissions()
-        .mode()
-        & 0o7777;
-    if mode & 0o077 != 0 {
+    use std::os::unix::fs::MetadataExt;
+    let meta = fs::metadata(path).map_err(|e| KeyFileError::io(path, e))?;
+    let mode = meta.permissions().mode() & 0o7777;
+    // Root-owned: group read is allowed (PostgreSQL's rule; see the module docs).
+    let forbidden = if meta.uid() == 0 { 0o037 } else { 0o077 };
+    if mode & forbidden != 0 {
         return Err(KeyFileError::TooOpen {
             path: path.to_path_buf(),
             mode,
@@ -311,7 +312,7 @@ mod tests {
         let p = nested.join("k");
         write_private(&p, b"secret", Overwrite::Refuse).unwrap();
         assert_eq!(read_private(&p).unwrap(), b"secret");
-        for bad in [0o640, 0o604, 0o660, 0o644] {
+        for bad in [0o604, 0o660, 0o644, 0o620] {
             fs::set_permissions(&p, fs::Permissions::from_mode(bad)).unwrap();
             let err = read_private(&p).unwrap_err();
             assert!(
@@ -320,6 +321,21 @@ mod tests {
             );
             assert!(err.to_string().contains("chmod 600"), "{err}");
         }
+        // Group read: refused unless root owns the file (PostgreSQL's rule; the Kubernetes
+        // Secret projection with fsGroup). The tests run as root in CI and as a user elsewhere.
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o640)).unwrap();
+        let root_owned = std::os::unix::fs::MetadataExt::uid(&fs::metadata(&p).unwrap()) == 0;
+        assert_eq!(
+            read_private(&p).is_ok(),
+            root_owned,
+            "0640, root-owned: {root_owned}"
+        );
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o440)).unwrap();
+        assert_eq!(
+            read_private(&p).is_ok(),
+            root_owned,
+            "0440, root-owned: {root_owned}"
+        );
         assert!(matches!(
             read_private(&nested.join("missing")),
             Err(KeyFileError::NotFound { .. })
