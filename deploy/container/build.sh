@@ -5,6 +5,8 @@
 #   PROFILE=debug deploy/container/build.sh   use target/debug (what CI does: it already built it)
 #   SKIP_BUILD=1 ...                        do not run cargo, use the binaries already built
 #   TAG=1.2.3 ...                           image tag (default: dev)
+#   SIM=1 ...                               also image shoal-sim:TAG (simulator + scenarios, for
+#                                           the seed-sweep Job in deploy/k8s/sim-sweep.yaml)
 #
 # Images:
 #   shoal:TAG       /usr/local/bin/shoal (agent, authority, operator CLI). The entrypoint is
@@ -26,6 +28,7 @@ UID_GID=10001
 
 if [[ ${SKIP_BUILD:-0} != 1 ]]; then
   flags=(--locked -p shoal-cli -p shoal-demo)
+  [[ ${SIM:-0} == 1 ]] && flags+=(-p shoal-sim)
   [[ $PROFILE == release ]] && flags+=(--release)
   (cd "$ROOT" && cargo build "${flags[@]}")
 fi
@@ -70,14 +73,27 @@ assemble "$work/demo" shoal-demo shoal
 sed -e 's|^ENTRYPOINT .*|ENTRYPOINT ["/usr/local/bin/shoal-demo"]|' \
   "$ROOT/deploy/container/Dockerfile" > "$work/demo/Dockerfile"
 
+images=("shoal:$work/shoal" "shoal-demo:$work/demo")
+if [[ ${SIM:-0} == 1 ]]; then
+  [[ -x $BIN/shoal-sim ]] || { echo "missing $BIN/shoal-sim" >&2; exit 1; }
+  assemble "$work/sim" shoal-sim
+  mkdir -p "$work/sim/rootfs/usr/share/shoal"
+  cp -r "$ROOT/simulations/scenarios" "$work/sim/rootfs/usr/share/shoal/scenarios"
+  sed -e 's|^ENTRYPOINT .*|ENTRYPOINT ["/usr/local/bin/shoal-sim"]|' \
+    -e 's|^WORKDIR .*|WORKDIR /usr/share/shoal|' \
+    "$ROOT/deploy/container/Dockerfile" > "$work/sim/Dockerfile"
+  images+=("shoal-sim:$work/sim")
+fi
+
 # The classic builder: FROM scratch needs no registry and no frontend image.
 export DOCKER_BUILDKIT=0
-for pair in "shoal:$work/shoal" "shoal-demo:$work/demo"; do
+for pair in "${images[@]}"; do
   name=${pair%%:*} dir=${pair#*:}
   # Its deprecation notice is noise here; the output is shown when the build fails.
   docker build -q -t "$name:$TAG" "$dir" >"$work/build.log" 2>&1 || { cat "$work/build.log" >&2; exit 1; }
 done
-for img in "shoal:$TAG" "shoal-demo:$TAG"; do
+for pair in "${images[@]}"; do
+  img=${pair%%:*}:$TAG
   size=$(docker image inspect -f '{{.Size}}' "$img")
   printf '%s\t%s bytes (%s MiB)\n' "$img" "$size" "$(( size / 1048576 ))"
 done

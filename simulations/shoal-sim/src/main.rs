@@ -54,8 +54,13 @@ enum Cmd {
         /// Processes at a time (default: available cores).
         #[arg(long)]
         jobs: Option<usize>,
+        /// Run only shard `I/N` of the seeds (every N-th seed, starting with the I-th, 0-based),
+        /// e.g. one pod of a Kubernetes Indexed Job: `--shard $(JOB_COMPLETION_INDEX)/10`.
+        #[arg(long, value_name = "I/N")]
+        shard: Option<String>,
         /// Write the sweep JSON here (input of `shoal-sim merge`); the markdown summary goes to
-        /// stdout either way.
+        /// stdout. `-` writes the JSON to stdout and nothing else (no progress, no summary), so
+        /// a container's log is the sweep file.
         #[arg(long)]
         out: Option<PathBuf>,
     },
@@ -159,36 +164,57 @@ fn main() -> ExitCode {
             scenario,
             seeds,
             jobs,
+            shard,
             out,
-        } => finish_sweep(sweep_cmd(&scenario, &seeds, jobs), out.as_deref()),
+        } => {
+            let to_stdout = out.as_deref() == Some(Path::new("-"));
+            let sweep = sweep_cmd(&scenario, &seeds, shard.as_deref(), jobs, !to_stdout);
+            finish_sweep(sweep, out.as_deref())
+        }
         Cmd::Merge { inputs, out } => finish_sweep(sweep::merge_files(&inputs), out.as_deref()),
     }
 }
 
-fn sweep_cmd(scenario: &Path, seeds: &str, jobs: Option<usize>) -> anyhow::Result<Sweep> {
+fn sweep_cmd(
+    scenario: &Path,
+    seeds: &str,
+    shard: Option<&str>,
+    jobs: Option<usize>,
+    progress: bool,
+) -> anyhow::Result<Sweep> {
     // Fail on a bad scenario once, here, rather than once per child.
     Scenario::load(scenario)?;
-    let seeds = sweep::parse_seed_range(seeds)?;
+    let mut seeds = sweep::parse_seed_range(seeds)?;
+    if let Some(shard) = shard {
+        seeds = sweep::shard_of(&seeds, shard)?;
+    }
     let jobs = jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let exe = std::env::current_exe().context("locating the shoal-sim binary")?;
     sweep::run_sweep(&exe, scenario, &seeds, jobs, &|r, done, total| {
-        let verdict = if r.passed() { "pass" } else { "FAIL" };
-        eprintln!("[{done}/{total}] seed {}: {verdict}", r.seed);
+        if progress {
+            let verdict = if r.passed() { "pass" } else { "FAIL" };
+            eprintln!("[{done}/{total}] seed {}: {verdict}", r.seed);
+        }
     })
 }
 
 /// Writes the sweep JSON if asked, prints the summary; fails when any seed failed a check.
 fn finish_sweep(sweep: anyhow::Result<Sweep>, out: Option<&Path>) -> ExitCode {
+    let to_stdout = out == Some(Path::new("-"));
     let result = sweep.and_then(|s| {
-        if let Some(path) = out {
-            std::fs::write(path, s.to_json())
-                .with_context(|| format!("writing {}", path.display()))?;
+        match out {
+            Some(_) if to_stdout => print!("{}", s.to_json()),
+            Some(path) => std::fs::write(path, s.to_json())
+                .with_context(|| format!("writing {}", path.display()))?,
+            None => {}
         }
         Ok(s)
     });
     match result {
         Ok(s) => {
-            print!("{}", s.to_markdown());
+            if !to_stdout {
+                print!("{}", s.to_markdown());
+            }
             if s.seeds_passed == s.seeds.len() as u64 {
                 ExitCode::SUCCESS
             } else {

@@ -461,6 +461,29 @@ pub fn parse_seed_range(s: &str) -> anyhow::Result<Vec<u64>> {
     Ok((a..end).collect())
 }
 
+/// The seeds of shard `I/N`: every N-th seed of `seeds` starting at position I (0-based), so N
+/// shards together run every seed exactly once and each gets a similar mix.
+///
+/// # Errors
+/// Not `I/N`, N = 0, I >= N, or N above 100,000.
+pub fn shard_of(seeds: &[u64], shard: &str) -> anyhow::Result<Vec<u64>> {
+    let Some((i, n)) = shard.split_once('/') else {
+        bail!("shard {shard:?}: expected I/N, e.g. 3/10");
+    };
+    let i: usize = i
+        .trim()
+        .parse()
+        .with_context(|| format!("shard {shard:?}: bad index"))?;
+    let n: usize = n
+        .trim()
+        .parse()
+        .with_context(|| format!("shard {shard:?}: bad count"))?;
+    if n == 0 || n > 100_000 || i >= n {
+        bail!("shard {shard:?}: need 0 <= I < N <= 100000");
+    }
+    Ok(seeds.iter().skip(i).step_by(n).copied().collect())
+}
+
 /// Runs `scenario` for every seed in child processes of `exe` (`exe run SCENARIO --seed N
 /// --seed-result`), at most `jobs` at a time, and merges the results.
 ///
@@ -640,6 +663,20 @@ mod tests {
         old.format = 0;
         assert!(Sweep::from_results("x", vec![old]).is_err());
         assert!(Sweep::from_results("x", vec![]).is_err());
+    }
+
+    #[test]
+    fn shards_partition_the_seeds() {
+        let seeds: Vec<u64> = (1..=10).collect();
+        let mut all: Vec<u64> = (0..3)
+            .flat_map(|i| shard_of(&seeds, &format!("{i}/3")).unwrap())
+            .collect();
+        assert_eq!(shard_of(&seeds, "1/3").unwrap(), vec![2, 5, 8]);
+        all.sort_unstable();
+        assert_eq!(all, seeds);
+        for bad in ["3/3", "0/0", "x/2", "1", "1/200000"] {
+            assert!(shard_of(&seeds, bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
