@@ -6,7 +6,9 @@
 //! * **Drain propagation**: from the authority's commit of a withdrawal (DRAINING) until each
 //!   live agent applied it (the agent stops handing the endpoint out at that moment). Agents
 //!   that were ever CPU-stalled are reported apart (`drain_propagation_stalled_agents_ms`), as
-//!   their downs are: the check is over the others.
+//!   their downs are, and so are agents a link fault cut off from the requesting agent when
+//!   the withdrawal was committed (`drain_propagation_cut_off_agents_ms`: they get it after
+//!   the heal): the check is over the others.
 //! * **Hard-failure detection**: from a node's crash until each surviving agent's SWIM declared
 //!   it down (every endpoint of that node stops being routable there at that moment).
 //! * **Process failure**: from a process crash until each agent applied the owner's failing
@@ -79,6 +81,16 @@ pub struct ShoalSpec {
     pub anti_entropy_ms: Option<u64>,
     /// Override of the SWIM suspicion window, ms.
     pub suspicion_ms: Option<u64>,
+    /// Override of how long SWIM remembers a down member, ms (foca's `remove_down_after`,
+    /// 24 h by default): lets a scenario split a region for longer than every membership
+    /// timeout without simulating a day.
+    pub remove_down_ms: Option<u64>,
+    /// Override of the membership's reconnect announces per tick (0 = off), for measuring.
+    pub reconnect_per_tick: Option<usize>,
+    /// Override of the membership's probe health (ADR 0010), for measuring.
+    pub probe_health: Option<bool>,
+    /// Override of dropping refuted `Down` updates (ADR 0010), for measuring.
+    pub drop_refuted_downs: Option<bool>,
     /// Thresholds that turn into report checks.
     #[serde(default)]
     pub expect: Expectations,
@@ -397,6 +409,10 @@ struct Tracked {
     region: u16,
     committed_ms: u64,
     seen_ms: Vec<u64>,
+    /// Agents a link fault cut off from the requesting agent at commit time: they cannot
+    /// apply the withdrawal before the heal, whatever the protocol, so their samples are
+    /// reported apart (`drain_propagation_cut_off_agents_ms`).
+    cut_off: BTreeSet<u32>,
 }
 
 /// `Death::seen_ms` of an agent that did not hold the dead identity as an active member when
@@ -439,6 +455,8 @@ pub struct Observer {
     /// 800 ms of every second cannot apply anything within a second, whatever the protocol).
     stalled: BTreeSet<u32>,
     false_downs: u64,
+    /// Distinct nodes falsely declared down.
+    false_down_targets: BTreeSet<u32>,
     excused_downs: u64,
     /// (node, time) of every false down, for the report (first 32).
     false_down_samples: Vec<(u32, u32, u64)>,
@@ -498,12 +516,15 @@ impl Observer {
                 return;
             }
         }
+        // The process that runs now started at `current`; it may have renewed its identity
+        // since (boot + 1 per renewal), so any boot from `current` on is this live process.
         let current = self.boots.get(target as usize).copied().flatten();
-        if current == Some(m.boot) {
+        if current.is_some_and(|b| m.boot >= b) {
             if self.excused.contains(&target) || self.excused.contains(&node) {
                 self.excused_downs += 1;
             } else {
                 self.false_downs += 1;
+                self.false_down_targets.insert(target);
                 if self.false_down_samples.len() < 32 {
                     self.false_down_samples.push((node, target, now_ms));
                 }
@@ -689,6 +710,18 @@ impl ShoalHarness {
                 }
                 if let Some(s) = spec.suspicion_ms {
                     c.membership.suspect_to_down_after_ms = s;
+                }
+                if let Some(r) = spec.remove_down_ms {
+                    c.membership.remove_down_after_ms = r;
+                }
+                if let Some(v) = spec.reconnect_per_tick {
+                    c.membership.reconnect_per_tick = v;
+                }
+                if let Some(v) = spec.probe_health {
+                    c.membership.probe_health = v;
+                }
+                if let Some(v) = spec.drop_refuted_downs {
+                    c.membership.drop_refuted_downs = v;
                 }
                 c
             })
@@ -1109,11 +1142,20 @@ impl ShoalHarness {
                 }
                 if to == LifecycleState::Draining {
                     let seen = vec![u64::MAX; self.observer.borrow().nodes];
+                    let faults = world.link_faults();
+                    let cut_off = if faults.is_empty() {
+                        BTreeSet::new()
+                    } else {
+                        (0..world.len() as u32)
+                            .filter(|&i| faults.blocked(owner, i))
+                            .collect()
+                    };
                     let tracked = Tracked {
                         marker: rec.record.order(),
                         region,
                         committed_ms: commit_ms,
                         seen_ms: seen,
+                        cut_off,
                     };
                     let mut obs = self.observer.borrow_mut();
                     let key = (inst.key.clone(), inst.id.clone());
@@ -1255,6 +1297,20 @@ impl ShoalHarness {
                 d.seen_ms[i as usize] = UNAWARE;
             }
         }
+    }
+
+    /// Members `n` holds active under an older boot generation than the one their node runs
+    /// now (a renewal or restart `n` has not heard of), at the end of the run.
+    fn older_generation_members(world: &World<ShoalNode>, n: &ShoalNode) -> u64 {
+        n.mesh()
+            .membership()
+            .members()
+            .filter(|m| {
+                node_index(&m.node)
+                    .and_then(|i| world.node(i))
+                    .is_some_and(|o| o.mesh().membership().identity().boot > m.boot)
+            })
+            .count() as u64
     }
 
     fn traffic(&mut self, world: &World<ShoalNode>, now_ms: u64) {
@@ -1679,11 +1735,16 @@ impl Harness for ShoalHarness {
                 }
             }
             FaultAction::Restart(_) => {
-                // make_node already recorded the new boot; the old identity's death is timed.
+                // make_node already recorded the new boot; the old identity's death is timed,
+                // unless it was crashed before: crash + restart is one death, timed from the
+                // crash.
                 for &t in targets {
                     let region = world.topology().node(t).region;
                     let mut obs = self.observer.borrow_mut();
                     let boot = Generation(u64::from(world.epoch(t)));
+                    if obs.deaths.get(&t).is_some_and(|d| d.boot == boot) {
+                        continue;
+                    }
                     let death = Death {
                         at_ms: now,
                         boot,
@@ -1730,6 +1791,7 @@ impl Harness for ShoalHarness {
         // Drain propagation.
         let mut per_agent = Vec::new();
         let mut per_stalled_agent = Vec::new();
+        let mut per_cut_off_agent = Vec::new();
         let mut last_agent = Vec::new();
         let mut missing_drains = 0u64;
         for t in obs.drains.values().chain(obs.finished_drains.iter()) {
@@ -1767,6 +1829,10 @@ impl Harness for ShoalHarness {
                 let d = seen.saturating_sub(t.committed_ms);
                 if obs.stalled.contains(&i) {
                     per_stalled_agent.push(d);
+                    continue;
+                }
+                if t.cut_off.contains(&i) {
+                    per_cut_off_agent.push(d);
                     continue;
                 }
                 per_agent.push(d);
@@ -1830,6 +1896,12 @@ impl Harness for ShoalHarness {
             "drain_propagation_last_agent_ms".into(),
             dist_of(&mut last_agent),
         );
+        if !per_cut_off_agent.is_empty() {
+            report.distributions.insert(
+                "drain_propagation_cut_off_agents_ms".into(),
+                dist_of(&mut per_cut_off_agent),
+            );
+        }
         if !per_stalled_agent.is_empty() {
             report.distributions.insert(
                 "drain_propagation_stalled_agents_ms".into(),
@@ -1867,6 +1939,25 @@ impl Harness for ShoalHarness {
             dist_of(&mut conv.clone()),
         );
         let (agree, agree_detail) = self.routable_sets_agree(world);
+        let (mut older, mut tombstones) = (Vec::new(), Vec::new());
+        for (_, n) in world.nodes() {
+            let Some(n) = n else { continue };
+            older.push(Self::older_generation_members(world, n));
+            tombstones.push(
+                n.mesh()
+                    .catalog()
+                    .entries()
+                    .filter(|(_, _, e)| e.lifecycle().record.state == LifecycleState::Expired)
+                    .count() as u64,
+            );
+        }
+        report.distributions.insert(
+            "members_of_older_generation_per_agent".into(),
+            dist_of(&mut older),
+        );
+        report
+            .distributions
+            .insert("tombstones_per_agent".into(), dist_of(&mut tombstones));
         if std::env::var_os("SHOAL_SIM_DEBUG").is_some() {
             for (i, n) in world.nodes() {
                 let Some(n) = n else { continue };
@@ -1893,6 +1984,10 @@ impl Harness for ShoalHarness {
         );
         c.insert("picks_of_dead".into(), self.late_dead_ms.len() as u64);
         c.insert("false_downs".into(), obs.false_downs);
+        c.insert(
+            "false_down_nodes".into(),
+            obs.false_down_targets.len() as u64,
+        );
         c.insert("downs_of_cut_or_stalled".into(), obs.excused_downs);
         c.insert(
             "drains_tracked".into(),
@@ -1940,6 +2035,22 @@ impl Harness for ShoalHarness {
                     m.membership().counters().rejected_decode,
                 ),
                 ("membership_rejoins", m.membership().counters().rejoins),
+                (
+                    "membership_downs_withheld",
+                    m.membership().counters().downs_withheld,
+                ),
+                (
+                    "membership_renewals_withheld",
+                    m.membership().counters().renewals_withheld,
+                ),
+                (
+                    "membership_downs_dropped",
+                    m.membership().counters().downs_dropped,
+                ),
+                (
+                    "membership_reconnect_announces",
+                    m.membership().counters().reconnect_announces,
+                ),
                 (
                     "members_learned_by_push_pull",
                     m.membership().counters().members_learned,
