@@ -268,3 +268,106 @@ impl Membership {
 
 /// The book type, for the `Membership` field.
 pub(super) type Book = BTreeMap<SocketAddr, Known>;
+
+#[cfg(test)]
+mod tests {
+    use shoal_proto::Generation;
+
+    use super::*;
+    use crate::membership::MembershipConfig;
+
+    fn member(addr: &str) -> Membership {
+        let id = MemberId {
+            node: NodeId::new("me").expect("valid"),
+            addr: addr.parse().expect("addr"),
+            boot: Generation(1),
+        };
+        Membership::new(id, MembershipConfig::for_cluster_size(50), 7)
+    }
+
+    /// Drives timers for `until_ms` with nobody answering; returns the times of datagrams to
+    /// `to`.
+    fn knocks(m: &mut Membership, to: SocketAddr, until_ms: u64) -> Vec<u64> {
+        let mut timers: Vec<(u64, super::super::MembershipTimer)> = Vec::new();
+        let mut sent = Vec::new();
+        let mut now = 0;
+        loop {
+            while let Some(t) = m.poll_timer() {
+                timers.push(t);
+            }
+            while let Some((addr, _)) = m.poll_transmit() {
+                if addr == to {
+                    sent.push(now);
+                }
+            }
+            while m.poll_event().is_some() {}
+            timers.sort_by_key(|(at, _)| *at);
+            if timers.is_empty() || timers[0].0 > until_ms {
+                return sent;
+            }
+            let (at, token) = timers.remove(0);
+            now = now.max(at);
+            m.handle_timer(now, token);
+        }
+    }
+
+    #[test]
+    fn a_restored_address_is_knocked_on_with_growing_jittered_backoff_for_ever() {
+        let far: SocketAddr = "10.0.0.9:7000".parse().expect("addr");
+        let entry = KnownAddress {
+            addr: far,
+            node: NodeId::new("far").ok(),
+            seed: false,
+            unseen_for_ms: 90_000_000,
+        };
+        let mut m = member("10.0.0.1:7000");
+        let own = KnownAddress {
+            addr: m.identity().addr,
+            ..entry.clone()
+        };
+        m.restore_known(0, &[entry.clone(), own]);
+        assert_eq!(m.num_known(), 1, "our own address is not kept");
+        let sent = knocks(&mut m, far, 600_000);
+        // Backoff 1, 2, 4, 8, 16, then 30 s (each wait drawn in [b/2, b]): about 23 knocks
+        // in 10 minutes, never fewer than one per 30 s once at the ceiling.
+        assert!((18..=45).contains(&sent.len()), "{sent:?}");
+        let gaps: Vec<u64> = sent.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(gaps.iter().all(|g| *g <= 30_000), "{gaps:?}");
+        assert!(
+            gaps[gaps.len() - 5..].iter().all(|g| *g >= 15_000),
+            "{gaps:?}"
+        );
+        assert_eq!(m.counters().reconnect_announces, sent.len() as u64);
+        // Still in the book, and its age kept growing from the restored value.
+        let k = m.known_addresses(600_000);
+        assert_eq!(k.len(), 1);
+        assert_eq!(k[0].unseen_for_ms, 90_000_000 + 600_000);
+        // Same seed, same inputs: the same knock times (jitter from the seeded RNG).
+        let mut again = member("10.0.0.1:7000");
+        again.restore_known(0, &[entry]);
+        assert_eq!(knocks(&mut again, far, 600_000), sent);
+    }
+
+    #[test]
+    fn the_book_is_bounded_and_keeps_seeds() {
+        let mut m = member("10.0.0.1:7000");
+        let mut cfg_max = m.config().max_known_addrs;
+        cfg_max = cfg_max.min(512);
+        m.join(0, &["10.0.1.1:7000".parse().expect("addr")]);
+        let entries: Vec<KnownAddress> = (0..cfg_max as u32 + 50)
+            .map(|i| KnownAddress {
+                addr: SocketAddr::from(([10, 2, (i >> 8) as u8, i as u8], 7000)),
+                node: None,
+                seed: false,
+                unseen_for_ms: u64::from(i),
+            })
+            .collect();
+        m.restore_known(1, &entries);
+        assert_eq!(m.num_known(), cfg_max);
+        assert!(m.counters().known_evicted >= 50);
+        let k = m.known_addresses(1);
+        assert!(k[0].seed, "the seed is kept, listed first");
+        // The longest-unseen were the ones forgotten.
+        assert!(k.iter().all(|e| e.seed || e.unseen_for_ms < cfg_max as u64));
+    }
+}
