@@ -87,6 +87,11 @@ pub struct ShoalSpec {
     /// 24 h by default): lets a scenario split a region for longer than every membership
     /// timeout without simulating a day.
     pub remove_down_ms: Option<u64>,
+    /// First boot joins through three seed addresses of the region, as the real agent does
+    /// (`Command::Join`), instead of starting with the formed membership (the default, as
+    /// after a long steady state). The catalog is still the region's initial one.
+    #[serde(default)]
+    pub join_on_first_boot: bool,
     /// Override of the membership's reconnect announces per tick (0 = off), for measuring.
     pub reconnect_per_tick: Option<usize>,
     /// Override of the membership's probe health (ADR 0010), for measuring.
@@ -1419,6 +1424,25 @@ fn draw_count(d: &CountDist, rng: &mut SimRng) -> u32 {
     }
 }
 
+impl ShoalHarness {
+    /// Three random seed addresses of `region` (not `me`), as an agent's configuration lists.
+    fn seed_addrs(
+        &mut self,
+        topo: &crate::topology::Topology,
+        region: u16,
+        me: u32,
+    ) -> Vec<SocketAddr> {
+        let nodes = topo.region_nodes(region);
+        (0..3)
+            .map(|_| {
+                nodes.start + (self.rng.next_u64() % u64::from(nodes.end - nodes.start)) as u32
+            })
+            .filter(|&i| i != me)
+            .map(|i| topo.node(i).addr)
+            .collect()
+    }
+}
+
 impl Harness for ShoalHarness {
     type Node = ShoalNode;
 
@@ -1456,12 +1480,17 @@ impl Harness for ShoalHarness {
                     })
                     .collect();
             }
-            let members: Vec<MemberId> = topo
-                .region_nodes(region)
-                .filter(|&i| i != ctx.index)
-                .map(|i| self.first_boot_ids[i as usize].clone())
-                .collect();
-            mesh.bootstrap(now, members);
+            if self.spec.join_on_first_boot {
+                let seeds = self.seed_addrs(topo, region, ctx.index);
+                mesh.handle_command(now, Command::Join { seeds });
+            } else {
+                let members: Vec<MemberId> = topo
+                    .region_nodes(region)
+                    .filter(|&i| i != ctx.index)
+                    .map(|i| self.first_boot_ids[i as usize].clone())
+                    .collect();
+                mesh.bootstrap(now, members);
+            }
         } else {
             // Restart: the agent loads its persisted snapshot (as shoal-agent does at boot),
             // the one its previous process wrote at the last persist tick (every PERSIST_MS,
@@ -1474,14 +1503,7 @@ impl Harness for ShoalHarness {
             *mesh.catalog_mut() =
                 persisted.unwrap_or_else(|| self.initial[region as usize].clone());
             mesh.catalog_mut().reset_counters();
-            let nodes = topo.region_nodes(region);
-            let seeds: Vec<SocketAddr> = (0..3)
-                .map(|_| {
-                    nodes.start + (self.rng.next_u64() % u64::from(nodes.end - nodes.start)) as u32
-                })
-                .filter(|&i| i != ctx.index)
-                .map(|i| topo.node(i).addr)
-                .collect();
+            let seeds = self.seed_addrs(topo, region, ctx.index);
             mesh.handle_command(now, Command::Join { seeds });
         }
         self.observer.borrow_mut().boots[ctx.index as usize] = Some(boot);
