@@ -298,7 +298,12 @@ async fn resolve_seeds(shared: &Shared) -> Vec<SocketAddr> {
             _ => tracing::debug!(seed = %s, "seed did not resolve"),
         }
     }
-    for m in crate::persist::read_members(&shared.cfg.raw.data_dir) {
+    // The freshest persisted members (the file lists seeds, then by last sighting) as extra
+    // join targets; the whole list goes back into the membership's address book at start.
+    for m in crate::persist::read_members(&shared.cfg.raw.data_dir)
+        .into_iter()
+        .take(16)
+    {
         out.push(m.addr);
     }
     out.retain(|a| *a != me);

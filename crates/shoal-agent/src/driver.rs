@@ -80,6 +80,7 @@ impl Driver {
         tokio::pin!(shutdown);
         let now = self.shared.now_ms();
         self.with_mesh(|m| m.start(now));
+        self.restore_known(now);
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         let persist_every = Duration::from_millis(self.shared.cfg.raw.persist.interval_ms);
         let mut persist = tokio::time::interval_at(Instant::now() + persist_every, persist_every);
@@ -417,13 +418,12 @@ impl Driver {
                 SnapshotScope::Catalog,
                 shared.cfg.region.clone(),
             );
+            let now_unix = persist::unix_ms(SystemTime::now());
             let members: Vec<PersistedMember> = mesh
                 .membership()
-                .members()
-                .map(|m| PersistedMember {
-                    node: m.node.to_string(),
-                    addr: m.addr,
-                })
+                .known_addresses(shared.now_ms())
+                .iter()
+                .map(|k| PersistedMember::from_known(k, now_unix))
                 .collect();
             (snapshot::encode(&snap), members)
         };
@@ -450,6 +450,28 @@ impl Driver {
                     self.persist_failed_logged = true;
                 }
                 st.persist_error = Some(e.to_string());
+            }
+        }
+    }
+
+    /// Puts the address book the previous process persisted back into the membership. A torn
+    /// or corrupt file is logged, counted and ignored (the seeds still work).
+    fn restore_known(&mut self, now: u64) {
+        let dir = self.shared.cfg.raw.data_dir.clone();
+        match persist::read_members_checked(&dir) {
+            Ok(members) if members.is_empty() => {}
+            Ok(members) => {
+                let now_unix = persist::unix_ms(SystemTime::now());
+                let addresses = members.iter().map(|m| m.to_known(now_unix)).collect();
+                tracing::info!(
+                    addresses = members.len(),
+                    "address book restored from members.json"
+                );
+                self.with_mesh(|m| m.handle_command(now, Command::RestoreKnown { addresses }));
+            }
+            Err(e) => {
+                counter!("shoal_members_file_refused_total").increment(1);
+                tracing::error!(error = %e, dir = %dir.display(), "persisted member list refused; starting from the seeds");
             }
         }
     }

@@ -92,6 +92,19 @@ pub fn export_counters(mesh: &Mesh<Keyring>, transport: &TransportCounters) {
     counter!("shoal_swim_identity_conflicts_total").absolute(m.identity_conflicts);
     counter!("shoal_swim_members_learned_total").absolute(m.members_learned);
     counter!("shoal_swim_updates_deduplicated_total").absolute(m.updates_deduplicated);
+    // Issue 15 / ADR 0010: probe health, refuted downs, the address book.
+    counter!("shoal_swim_downs_withheld_total").absolute(m.downs_withheld);
+    counter!("shoal_swim_downs_voided_total").absolute(m.downs_voided);
+    counter!("shoal_swim_renewals_withheld_total").absolute(m.renewals_withheld);
+    counter!("shoal_swim_downs_dropped_total").absolute(m.downs_dropped);
+    counter!("shoal_swim_reconnect_announces_total").absolute(m.reconnect_announces);
+    counter!("shoal_swim_known_evicted_total").absolute(m.known_evicted);
+    gauge!("shoal_swim_known_addresses").set(mesh.membership().num_known() as f64);
+    gauge!("shoal_swim_probes_failing").set(if mesh.membership().probes_failing() {
+        1.0
+    } else {
+        0.0
+    });
     let c = mesh.counters();
     for kind in MessageKind::ALL {
         let i = kind as usize;

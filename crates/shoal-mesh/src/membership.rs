@@ -52,11 +52,13 @@
 //!
 //! The invariants cited in comments are numbered in `docs/invariants.md`.
 
+mod accuser;
 mod buckets;
 mod config;
 mod identity;
 mod outputs;
 mod partition;
+mod reconnect;
 mod repeat_filter;
 mod timers;
 
@@ -78,6 +80,7 @@ use buckets::{member_bucket, member_fingerprint};
 pub use config::{ConfigError, DetectionBudget, MembershipConfig};
 pub use identity::MemberId;
 pub use outputs::{MembershipCounters, MembershipEvent};
+pub use reconnect::KnownAddress;
 pub use timers::MembershipTimer;
 use timers::{foca_token, TimerKind};
 
@@ -124,6 +127,13 @@ pub struct Membership {
     degraded_until_ms: u64,
     /// The `now_ms` of the latest input: time is an input and must never go backwards.
     last_now_ms: u64,
+    /// Outcomes of our own probes (`accuser.rs`).
+    probe_health: accuser::ProbeHealth,
+    /// Addresses to keep knocking on (`reconnect.rs`).
+    book: reconnect::Book,
+    reconnect_rng: ChaCha8Rng,
+    reconnect_seq: u64,
+    reconnect_armed: bool,
 }
 
 impl std::fmt::Debug for Membership {
@@ -186,6 +196,11 @@ impl Membership {
             partition_seen_ms: None,
             degraded_until_ms: 0,
             last_now_ms: 0,
+            probe_health: accuser::ProbeHealth::default(),
+            book: reconnect::Book::new(),
+            reconnect_rng: reconnect::reconnect_rng(seed),
+            reconnect_seq: 0,
+            reconnect_armed: false,
             config,
         })
     }
@@ -205,12 +220,14 @@ impl Membership {
                 && self.seeds.len() < self.config.max_seeds;
             if usable {
                 self.seeds.push(*seed);
+                self.book_seed(now_ms, *seed);
             } else {
                 self.counters.seeds_ignored += 1;
             }
         }
         self.announce_to_seeds();
         self.arm_join_retry(now_ms);
+        self.arm_reconnect(now_ms);
         self.drain(now_ms);
     }
 
@@ -238,14 +255,20 @@ impl Membership {
         if header.src.addr != from {
             self.counters.src_addr_mismatch += 1;
         }
-        if header.message == Message::TurnUndead
-            && self.is_untrusted_turn_undead(now_ms, &header.src)
-        {
-            self.counters.ignored_turn_undead += 1;
-            return;
+        self.observe_probe_answer(&header);
+        if header.message == Message::TurnUndead {
+            if self.is_untrusted_turn_undead(now_ms, &header.src) {
+                self.counters.ignored_turn_undead += 1;
+                return;
+            }
+            if self.withhold_renewal() {
+                return;
+            }
         }
         let filtered = self.drop_applied_updates(now_ms, &header, body, header_len);
         let body = filtered.as_deref().unwrap_or(body);
+        let founded = self.drop_unfounded_downs(&header, body, header_len);
+        let body = founded.as_deref().unwrap_or(body);
         if self.foca.handle_data(body, &mut self.runtime).is_err() {
             self.counters.rejected_foca += 1;
         }
@@ -465,7 +488,7 @@ impl Membership {
             while self.runtime.to_schedule().is_some() {}
         }
         while let Some((to, data)) = self.runtime.to_send() {
-            self.enqueue_datagram(to.addr, &data);
+            self.enqueue_datagram(now_ms, to.addr, &data);
         }
         while let Some((after, timer)) = self.runtime.to_schedule() {
             if let Some(token) = foca_token(&timer) {
@@ -481,6 +504,7 @@ impl Membership {
                 timer,
                 deadline_ms,
                 postponed: 0,
+                withheld: false,
             };
             self.push_timer(deadline_ms, kind);
         }
@@ -489,7 +513,7 @@ impl Membership {
         }
     }
 
-    fn enqueue_datagram(&mut self, to: SocketAddr, body: &[u8]) {
+    fn enqueue_datagram(&mut self, now_ms: u64, to: SocketAddr, body: &[u8]) {
         let len = HEADER_BYTES + body.len();
         if len > self.config.max_packet_bytes {
             debug_assert!(false, "foca produced {len} bytes over the limit");
@@ -500,6 +524,7 @@ impl Membership {
             self.counters.transmit_overflow += 1;
             return;
         }
+        self.observe_outgoing(now_ms, to, body);
         let mut out = Vec::with_capacity(len);
         out.extend_from_slice(&MAGIC);
         out.push(PROTOCOL_VERSION);
@@ -571,6 +596,7 @@ impl Membership {
 
     fn insert_up(&mut self, id: MemberId) {
         self.down.remove(&id.node);
+        self.book_up(self.last_now_ms, &id);
         self.member_buckets[member_bucket(&id.node)] ^= member_fingerprint(&id);
         self.active.insert(id.node.clone(), id.clone());
         debug_assert_eq!(
@@ -599,6 +625,7 @@ impl Membership {
             }
         }
         self.down.insert(id.node.clone(), (id.clone(), now_ms));
+        self.book_down(now_ms, id);
         debug_assert_eq!(
             self.member_buckets,
             self.computed_member_buckets(),

@@ -336,6 +336,9 @@ impl<V: Verifier> Mesh<V> {
                 self.catch_up = true;
             }
             Command::Leave => self.membership.leave(now_ms),
+            Command::RestoreKnown { addresses } => {
+                self.membership.restore_known(now_ms, &addresses);
+            }
             Command::Publish { lifecycle } => {
                 for rec in lifecycle {
                     let urgent = self.is_urgent_lifecycle(&rec);

@@ -6,7 +6,9 @@
 //! * **Drain propagation**: from the authority's commit of a withdrawal (DRAINING) until each
 //!   live agent applied it (the agent stops handing the endpoint out at that moment). Agents
 //!   that were ever CPU-stalled are reported apart (`drain_propagation_stalled_agents_ms`), as
-//!   their downs are: the check is over the others.
+//!   their downs are, and so are agents a link fault cut off from the requesting agent when
+//!   the withdrawal was committed (`drain_propagation_cut_off_agents_ms`: they get it after
+//!   the heal): the check is over the others.
 //! * **Hard-failure detection**: from a node's crash until each surviving agent's SWIM declared
 //!   it down (every endpoint of that node stops being routable there at that moment).
 //! * **Process failure**: from a process crash until each agent applied the owner's failing
@@ -50,6 +52,8 @@ use crate::runner::Harness;
 use crate::scenario::{CountDist, CrashKind, FaultAction, Scenario, TimedFault};
 use crate::world::World;
 
+mod oracle;
+
 /// `[shoal]`: settings of the shoal layer.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -79,6 +83,21 @@ pub struct ShoalSpec {
     pub anti_entropy_ms: Option<u64>,
     /// Override of the SWIM suspicion window, ms.
     pub suspicion_ms: Option<u64>,
+    /// Override of how long SWIM remembers a down member, ms (foca's `remove_down_after`,
+    /// 24 h by default): lets a scenario split a region for longer than every membership
+    /// timeout without simulating a day.
+    pub remove_down_ms: Option<u64>,
+    /// First boot joins through three seed addresses of the region, as the real agent does
+    /// (`Command::Join`), instead of starting with the formed membership (the default, as
+    /// after a long steady state). The catalog is still the region's initial one.
+    #[serde(default)]
+    pub join_on_first_boot: bool,
+    /// Override of the membership's reconnect announces per tick (0 = off), for measuring.
+    pub reconnect_per_tick: Option<usize>,
+    /// Override of the membership's probe health (ADR 0010), for measuring.
+    pub probe_health: Option<bool>,
+    /// Override of dropping refuted `Down` updates (ADR 0010), for measuring.
+    pub drop_refuted_downs: Option<bool>,
     /// Thresholds that turn into report checks.
     #[serde(default)]
     pub expect: Expectations,
@@ -397,6 +416,10 @@ struct Tracked {
     region: u16,
     committed_ms: u64,
     seen_ms: Vec<u64>,
+    /// Agents a link fault cut off from the requesting agent at commit time: they cannot
+    /// apply the withdrawal before the heal, whatever the protocol, so their samples are
+    /// reported apart (`drain_propagation_cut_off_agents_ms`).
+    cut_off: BTreeSet<u32>,
 }
 
 /// `Death::seen_ms` of an agent that did not hold the dead identity as an active member when
@@ -439,6 +462,8 @@ pub struct Observer {
     /// 800 ms of every second cannot apply anything within a second, whatever the protocol).
     stalled: BTreeSet<u32>,
     false_downs: u64,
+    /// Distinct nodes falsely declared down.
+    false_down_targets: BTreeSet<u32>,
     excused_downs: u64,
     /// (node, time) of every false down, for the report (first 32).
     false_down_samples: Vec<(u32, u32, u64)>,
@@ -498,12 +523,15 @@ impl Observer {
                 return;
             }
         }
+        // The process that runs now started at `current`; it may have renewed its identity
+        // since (boot + 1 per renewal), so any boot from `current` on is this live process.
         let current = self.boots.get(target as usize).copied().flatten();
-        if current == Some(m.boot) {
+        if current.is_some_and(|b| m.boot >= b) {
             if self.excused.contains(&target) || self.excused.contains(&node) {
                 self.excused_downs += 1;
             } else {
                 self.false_downs += 1;
+                self.false_down_targets.insert(target);
                 if self.false_down_samples.len() < 32 {
                     self.false_down_samples.push((node, target, now_ms));
                 }
@@ -689,6 +717,18 @@ impl ShoalHarness {
                 }
                 if let Some(s) = spec.suspicion_ms {
                     c.membership.suspect_to_down_after_ms = s;
+                }
+                if let Some(r) = spec.remove_down_ms {
+                    c.membership.remove_down_after_ms = r;
+                }
+                if let Some(v) = spec.reconnect_per_tick {
+                    c.membership.reconnect_per_tick = v;
+                }
+                if let Some(v) = spec.probe_health {
+                    c.membership.probe_health = v;
+                }
+                if let Some(v) = spec.drop_refuted_downs {
+                    c.membership.drop_refuted_downs = v;
                 }
                 c
             })
@@ -1109,11 +1149,20 @@ impl ShoalHarness {
                 }
                 if to == LifecycleState::Draining {
                     let seen = vec![u64::MAX; self.observer.borrow().nodes];
+                    let faults = world.link_faults();
+                    let cut_off = if faults.is_empty() {
+                        BTreeSet::new()
+                    } else {
+                        (0..world.len() as u32)
+                            .filter(|&i| faults.blocked(owner, i))
+                            .collect()
+                    };
                     let tracked = Tracked {
                         marker: rec.record.order(),
                         region,
                         committed_ms: commit_ms,
                         seen_ms: seen,
+                        cut_off,
                     };
                     let mut obs = self.observer.borrow_mut();
                     let key = (inst.key.clone(), inst.id.clone());
@@ -1321,172 +1370,7 @@ impl ShoalHarness {
         }
         let _ = liveness.is_down(&rec.owner);
     }
-
-    /// A fingerprint of one agent's state: heads and membership view.
-    fn fingerprint(n: &ShoalNode, me: u32) -> u64 {
-        let mut h = FNV;
-        let heads = n.mesh().catalog().heads();
-        for r in &heads.regions {
-            h = fnv(h, r.region.as_str().as_bytes());
-            h = fnv(h, &r.contiguous.0.to_le_bytes());
-            h = fnv(h, &r.max_seen.0.to_le_bytes());
-            h = fnv(h, &r.pending_hash.to_le_bytes());
-        }
-        for o in &heads.owners {
-            h = fnv(h, o.owner.as_str().as_bytes());
-            h = fnv(h, &o.boot.0.to_le_bytes());
-            h = fnv(h, &o.contiguous.0.to_le_bytes());
-            h = fnv(h, &o.pending_hash.to_le_bytes());
-        }
-        let mut members: Vec<&NodeId> = n.mesh().membership().members().map(|m| &m.node).collect();
-        let me = node_id(me);
-        members.push(&me);
-        members.sort();
-        for m in members {
-            h = fnv(h, m.as_str().as_bytes());
-        }
-        h
-    }
-
-    fn sample_convergence(&mut self, world: &World<ShoalNode>, now_ms: u64) {
-        for r in 0..self.region_names.len() as u16 {
-            if self.converged_at.contains_key(&r) {
-                continue;
-            }
-            let mut prints = world
-                .topology()
-                .region_nodes(r)
-                .filter_map(|i| world.node(i).map(|n| Self::fingerprint(n, i)));
-            let Some(first) = prints.next() else { continue };
-            if prints.all(|p| p == first) {
-                self.converged_at.insert(r, now_ms);
-            }
-        }
-    }
-
-    /// At the end: do all live agents of each region hold the same routable set per service?
-    /// Compared by digest (one pass per agent); the first disagreement is described in full.
-    fn routable_sets_agree(&self, world: &World<ShoalNode>) -> (bool, String) {
-        for r in 0..self.region_names.len() as u16 {
-            let mut reference: Option<(u32, u64)> = None;
-            // Agents whose catalogs share one entry tree and whose down sets are equal have
-            // the same routable sets: compute each such digest once.
-            let mut seen: Vec<(u32, Vec<NodeId>, u64)> = Vec::new();
-            for i in world.topology().region_nodes(r) {
-                let Some(n) = world.node(i) else { continue };
-                let down: Vec<NodeId> = n.mesh().membership().down_nodes().cloned().collect();
-                let cached = seen.iter().find(|(k, d, _)| {
-                    *d == down
-                        && world.node(*k).is_some_and(|m| {
-                            m.mesh().catalog().shares_entries_with(n.mesh().catalog())
-                        })
-                });
-                let digest = match cached {
-                    Some((_, _, digest)) => *digest,
-                    None => {
-                        let digest = routable_digest(n);
-                        if seen.len() < 16 {
-                            seen.push((i, down, digest));
-                        }
-                        digest
-                    }
-                };
-                match reference {
-                    None => reference = Some((i, digest)),
-                    Some((j, d)) if d != digest => {
-                        return (false, Self::describe_disagreement(world, j, i));
-                    }
-                    Some(_) => {}
-                }
-            }
-        }
-        (
-            true,
-            "all live agents of every region hold the same routable sets".into(),
-        )
-    }
-
-    /// Names the first service on which agents `j` and `i` disagree (with `SHOAL_SIM_DEBUG`,
-    /// prints both sets, heads, gaps and the service's entries).
-    fn describe_disagreement(world: &World<ShoalNode>, j: u32, i: u32) -> String {
-        let (a, b) = (
-            routable_sets(world.node(j).expect("alive")),
-            routable_sets(world.node(i).expect("alive")),
-        );
-        let Some(k) = a
-            .keys()
-            .chain(b.keys())
-            .find(|k| a.get(*k) != b.get(*k))
-            .cloned()
-        else {
-            return format!("agents n{j} and n{i} disagree (digest collision?)");
-        };
-        if std::env::var_os("SHOAL_SIM_DEBUG").is_some() {
-            eprintln!("n{j}: {:?}\nn{i}: {:?}", a.get(&k), b.get(&k));
-            for n in [j, i] {
-                let m = world.node(n).expect("alive").mesh();
-                eprintln!(
-                    "n{n} heads {:?} gaps {:?}",
-                    m.catalog().heads().regions,
-                    m.catalog().gaps()
-                );
-                for (_, inst, e) in m.catalog().entries().filter(|(key, _, _)| **key == k) {
-                    eprintln!(
-                        "  {inst} gen {} rev {} {:?} owner {} down {}",
-                        e.lifecycle().record.generation,
-                        e.lifecycle().record.revision,
-                        e.lifecycle().record.state,
-                        e.lifecycle().record.owner,
-                        m.membership().is_down(&e.lifecycle().record.owner)
-                    );
-                }
-            }
-        }
-        format!("agents n{j} and n{i} disagree on {k}")
-    }
 }
-
-/// Routable (instance, generation) per service held, services with none left out.
-fn routable_sets(n: &ShoalNode) -> RoutableSets {
-    let live = n.mesh().liveness();
-    let catalog = n.mesh().catalog();
-    catalog
-        .service_keys()
-        .map(|key| {
-            let v: Vec<(InstanceId, Generation)> = catalog
-                .routable(key, &live)
-                .map(|e| {
-                    let rec = &e.lifecycle().record;
-                    (rec.instance.clone(), rec.generation)
-                })
-                .collect();
-            (key.clone(), v)
-        })
-        .filter(|(_, v)| !v.is_empty())
-        .collect()
-}
-
-/// FNV digest of [`routable_sets`], without building it.
-fn routable_digest(n: &ShoalNode) -> u64 {
-    let live = n.mesh().liveness();
-    let catalog = n.mesh().catalog();
-    let mut h = FNV;
-    for key in catalog.service_keys() {
-        let mut any = false;
-        for e in catalog.routable(key, &live) {
-            if !any {
-                h = fnv(h, key.to_string().as_bytes());
-                any = true;
-            }
-            let rec = &e.lifecycle().record;
-            h = fnv(h, rec.instance.as_str().as_bytes());
-            h = fnv(h, &rec.generation.0.to_le_bytes());
-        }
-    }
-    h
-}
-
-type RoutableSets = BTreeMap<ServiceKey, Vec<(InstanceId, Generation)>>;
 
 fn node_id(i: u32) -> NodeId {
     NodeId::new(format!("n{i}")).expect("valid node id")
@@ -1540,19 +1424,23 @@ fn draw_count(d: &CountDist, rng: &mut SimRng) -> u32 {
     }
 }
 
-/// A p99 bound that also needs samples and no missing observations.
-fn p99_check(d: &Distribution, max: u64, missing: u64) -> Check {
-    Check {
-        ok: d.count > 0 && d.p99 <= max && missing == 0,
-        detail: format!(
-            "p99 {} ms (limit {max}), {} samples, {missing} missing",
-            d.p99, d.count
-        ),
+impl ShoalHarness {
+    /// Three random seed addresses of `region` (not `me`), as an agent's configuration lists.
+    fn seed_addrs(
+        &mut self,
+        topo: &crate::topology::Topology,
+        region: u16,
+        me: u32,
+    ) -> Vec<SocketAddr> {
+        let nodes = topo.region_nodes(region);
+        (0..3)
+            .map(|_| {
+                nodes.start + (self.rng.next_u64() % u64::from(nodes.end - nodes.start)) as u32
+            })
+            .filter(|&i| i != me)
+            .map(|i| topo.node(i).addr)
+            .collect()
     }
-}
-
-fn dist_of(samples: &mut [u64]) -> Distribution {
-    Distribution::from_values(samples)
 }
 
 impl Harness for ShoalHarness {
@@ -1592,12 +1480,17 @@ impl Harness for ShoalHarness {
                     })
                     .collect();
             }
-            let members: Vec<MemberId> = topo
-                .region_nodes(region)
-                .filter(|&i| i != ctx.index)
-                .map(|i| self.first_boot_ids[i as usize].clone())
-                .collect();
-            mesh.bootstrap(now, members);
+            if self.spec.join_on_first_boot {
+                let seeds = self.seed_addrs(topo, region, ctx.index);
+                mesh.handle_command(now, Command::Join { seeds });
+            } else {
+                let members: Vec<MemberId> = topo
+                    .region_nodes(region)
+                    .filter(|&i| i != ctx.index)
+                    .map(|i| self.first_boot_ids[i as usize].clone())
+                    .collect();
+                mesh.bootstrap(now, members);
+            }
         } else {
             // Restart: the agent loads its persisted snapshot (as shoal-agent does at boot),
             // the one its previous process wrote at the last persist tick (every PERSIST_MS,
@@ -1610,14 +1503,7 @@ impl Harness for ShoalHarness {
             *mesh.catalog_mut() =
                 persisted.unwrap_or_else(|| self.initial[region as usize].clone());
             mesh.catalog_mut().reset_counters();
-            let nodes = topo.region_nodes(region);
-            let seeds: Vec<SocketAddr> = (0..3)
-                .map(|_| {
-                    nodes.start + (self.rng.next_u64() % u64::from(nodes.end - nodes.start)) as u32
-                })
-                .filter(|&i| i != ctx.index)
-                .map(|i| topo.node(i).addr)
-                .collect();
+            let seeds = self.seed_addrs(topo, region, ctx.index);
             mesh.handle_command(now, Command::Join { seeds });
         }
         self.observer.borrow_mut().boots[ctx.index as usize] = Some(boot);
@@ -1679,11 +1565,16 @@ impl Harness for ShoalHarness {
                 }
             }
             FaultAction::Restart(_) => {
-                // make_node already recorded the new boot; the old identity's death is timed.
+                // make_node already recorded the new boot; the old identity's death is timed,
+                // unless it was crashed before: crash + restart is one death, timed from the
+                // crash.
                 for &t in targets {
                     let region = world.topology().node(t).region;
                     let mut obs = self.observer.borrow_mut();
                     let boot = Generation(u64::from(world.epoch(t)));
+                    if obs.deaths.get(&t).is_some_and(|d| d.boot == boot) {
+                        continue;
+                    }
                     let death = Death {
                         at_ms: now,
                         boot,
@@ -1724,298 +1615,7 @@ impl Harness for ShoalHarness {
         report: &mut Report,
         samples: &mut BTreeMap<String, Vec<u64>>,
     ) {
-        let obs = self.observer.borrow();
-        let alive: Vec<bool> = (0..world.len() as u32).map(|i| world.is_alive(i)).collect();
-        let topo = world.topology();
-        // Drain propagation.
-        let mut per_agent = Vec::new();
-        let mut per_stalled_agent = Vec::new();
-        let mut last_agent = Vec::new();
-        let mut missing_drains = 0u64;
-        for t in obs.drains.values().chain(obs.finished_drains.iter()) {
-            if std::env::var_os("SHOAL_SIM_DEBUG").is_some() {
-                let mut v: Vec<(u64, u32)> = t
-                    .seen_ms
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, s)| **s != u64::MAX)
-                    .map(|(i, s)| (s.saturating_sub(t.committed_ms), i as u32))
-                    .collect();
-                let died: Vec<Option<u64>> = v[v.len().saturating_sub(8)..]
-                    .iter()
-                    .map(|(_, i)| obs.deaths.get(i).map(|d| d.at_ms))
-                    .collect();
-                eprintln!("  death of the slowest: {died:?}");
-                v.sort();
-                eprintln!(
-                    "drain commit {} marker {:?}: {:?}",
-                    t.committed_ms,
-                    t.marker,
-                    &v[v.len().saturating_sub(8)..]
-                );
-            }
-            let mut worst = 0;
-            for i in topo.region_nodes(t.region) {
-                if !alive[i as usize] {
-                    continue;
-                }
-                let seen = t.seen_ms[i as usize];
-                if seen == u64::MAX {
-                    missing_drains += 1;
-                    continue;
-                }
-                let d = seen.saturating_sub(t.committed_ms);
-                if obs.stalled.contains(&i) {
-                    per_stalled_agent.push(d);
-                    continue;
-                }
-                per_agent.push(d);
-                worst = worst.max(d);
-            }
-            last_agent.push(worst);
-        }
-        // Detection.
-        let mut det_agent = Vec::new();
-        let mut det_last = Vec::new();
-        let mut missing_detections = 0u64;
-        let mut unaware = 0u64;
-        for d in obs.deaths.values().chain(obs.finished_deaths.iter()) {
-            let mut worst = 0;
-            for i in topo.region_nodes(d.region) {
-                // An agent restarted since (or at) this death runs as a fresh member that never
-                // knew the dead identity, unless its previous incarnation already saw it down.
-                let reborn = obs.deaths.get(&i).is_some_and(|o| o.at_ms >= d.at_ms);
-                let seen = d.seen_ms[i as usize];
-                if alive[i as usize] && (seen == UNAWARE || (seen == u64::MAX && reborn)) {
-                    unaware += 1;
-                    continue;
-                }
-                if !alive[i as usize] || d.seen_ms[i as usize] == u64::MAX {
-                    if alive[i as usize] && obs.boots[i as usize].is_some() {
-                        missing_detections += u64::from(d.seen_ms[i as usize] == u64::MAX);
-                    }
-                    continue;
-                }
-                let x = d.seen_ms[i as usize].saturating_sub(d.at_ms);
-                det_agent.push(x);
-                worst = worst.max(x);
-            }
-            det_last.push(worst);
-        }
-        // Process failures.
-        let mut proc_agent = Vec::new();
-        for p in obs
-            .process_deaths
-            .values()
-            .chain(obs.finished_process.iter())
-        {
-            for i in topo.region_nodes(p.region) {
-                let seen = p.seen_ms[i as usize];
-                if alive[i as usize] && seen != u64::MAX {
-                    proc_agent.push(seen.saturating_sub(p.at_ms));
-                }
-            }
-        }
-        let drain_max = per_agent.iter().copied().max().unwrap_or(0);
-        let proc_max = proc_agent.iter().copied().max().unwrap_or(0);
-        let det_max = det_agent.iter().copied().max().unwrap_or(0);
-        samples.insert("drain_propagation_ms".into(), per_agent.clone());
-        samples.insert("detection_ms".into(), det_agent.clone());
-        let drain = dist_of(&mut per_agent);
-        let detection = dist_of(&mut det_agent);
-        report
-            .distributions
-            .insert("drain_propagation_ms".into(), drain.clone());
-        report.distributions.insert(
-            "drain_propagation_last_agent_ms".into(),
-            dist_of(&mut last_agent),
-        );
-        if !per_stalled_agent.is_empty() {
-            report.distributions.insert(
-                "drain_propagation_stalled_agents_ms".into(),
-                dist_of(&mut per_stalled_agent),
-            );
-        }
-        report
-            .distributions
-            .insert("detection_ms".into(), detection.clone());
-        report
-            .distributions
-            .insert("detection_last_agent_ms".into(), dist_of(&mut det_last));
-        report
-            .distributions
-            .insert("process_failure_ms".into(), dist_of(&mut proc_agent));
-        let late_w_max = self.late_withdrawn_ms.iter().copied().max().unwrap_or(0);
-        let late_d_max = self.late_dead_ms.iter().copied().max().unwrap_or(0);
-        report.distributions.insert(
-            "late_pick_withdrawn_ms".into(),
-            dist_of(&mut self.late_withdrawn_ms.clone()),
-        );
-        report.distributions.insert(
-            "late_pick_dead_ms".into(),
-            dist_of(&mut self.late_dead_ms.clone()),
-        );
-        // Convergence.
-        let settle = self.spec.settle_ms;
-        let conv: Vec<u64> = self
-            .converged_at
-            .values()
-            .map(|t| t.saturating_sub(settle))
-            .collect();
-        report.distributions.insert(
-            "convergence_after_settle_ms".into(),
-            dist_of(&mut conv.clone()),
-        );
-        let (agree, agree_detail) = self.routable_sets_agree(world);
-        if std::env::var_os("SHOAL_SIM_DEBUG").is_some() {
-            for (i, n) in world.nodes() {
-                let Some(n) = n else { continue };
-                for (x, m) in world.nodes() {
-                    let Some(m) = m else { continue };
-                    let id = m.mesh().membership().identity();
-                    if let Some((d, t)) = n.mesh().membership().down_identity(&id.node) {
-                        eprintln!(
-                            "n{i} holds n{x} (now boot {}) down as boot {} since {t}",
-                            id.boot.0, d.boot.0
-                        );
-                    }
-                }
-            }
-        }
-        // Counters.
-        let c = &mut report.counters;
-        c.insert("picks".into(), self.picks);
-        c.insert("catalog_maps_shared".into(), self.maps_shared);
-        c.insert("picks_no_backend".into(), self.no_backend);
-        c.insert(
-            "picks_of_withdrawn".into(),
-            self.late_withdrawn_ms.len() as u64,
-        );
-        c.insert("picks_of_dead".into(), self.late_dead_ms.len() as u64);
-        c.insert("false_downs".into(), obs.false_downs);
-        c.insert("downs_of_cut_or_stalled".into(), obs.excused_downs);
-        c.insert(
-            "drains_tracked".into(),
-            (obs.drains.len() + obs.finished_drains.len()) as u64,
-        );
-        c.insert("drain_applications_missing".into(), missing_drains);
-        c.insert(
-            "deaths_tracked".into(),
-            (obs.deaths.len() + obs.finished_deaths.len()) as u64,
-        );
-        c.insert("detections_missing".into(), missing_detections);
-        if unaware > 0 {
-            // Only when non-zero, so reports of scenarios without such deaths stay as they were.
-            c.insert("detection_observers_unaware".into(), unaware);
-        }
-        c.insert("authority_writes_refused".into(), self.refused_writes);
-        c.insert("authority_refusals".into(), self.authority_refusals);
-        c.insert("instances".into(), self.instances.len() as u64);
-        let mut totals = BTreeMap::<&str, u64>::new();
-        let mut unverified = 0;
-        for (_, n) in world.nodes() {
-            let Some(n) = n else { continue };
-            let m = n.mesh();
-            let cc = m.catalog().counters();
-            unverified += cc.unverified;
-            for (k, v) in [
-                ("records_applied", cc.applied),
-                ("records_stale", cc.stale),
-                ("records_duplicate", cc.duplicate),
-                ("records_conflict", cc.conflict),
-                ("records_bad_signature", cc.bad_signature),
-                ("records_unadmitted", cc.unadmitted),
-                ("gaps_detected", m.counters().gaps_detected),
-                ("anti_entropy_rounds", m.counters().anti_entropy_rounds),
-                ("deltas_sent", m.counters().deltas_sent),
-                ("grafts_sent", m.counters().grafts_sent),
-                ("prunes_sent", m.counters().prunes_sent),
-                ("snapshots_sent", m.counters().snapshots_sent),
-                ("snapshots_installed", m.counters().snapshots_installed),
-                ("outbox_overflow", m.counters().outbox_overflow),
-                ("transmit_overflow", m.counters().transmit_overflow),
-                ("tombstones_collected", m.counters().tombstones_collected),
-                (
-                    "membership_rejected_decode",
-                    m.membership().counters().rejected_decode,
-                ),
-                ("membership_rejoins", m.membership().counters().rejoins),
-                (
-                    "members_learned_by_push_pull",
-                    m.membership().counters().members_learned,
-                ),
-                ("push_pull_lists_sent", m.counters().push_pull_lists_sent),
-                (
-                    "swim_updates_deduplicated",
-                    m.membership().counters().updates_deduplicated,
-                ),
-                ("eager_links", m.peer_sets().0 as u64),
-                ("lazy_links", m.peer_sets().1 as u64),
-                ("members_known", m.membership().num_members() as u64),
-            ] {
-                *totals.entry(k).or_default() += v;
-            }
-        }
-        for (k, v) in totals {
-            c.insert(k.into(), v);
-        }
-        if unverified > 0 {
-            // Health no verified lifecycle record bound a key for (ADR 0006); every simulated
-            // agent binds its key before registering, so only when non-zero.
-            c.insert("records_unverified".into(), unverified);
-        }
-        for (i, (from, to, at)) in obs.false_down_samples.iter().enumerate() {
-            c.insert(format!("false_down_{i:02}_n{from}_saw_n{to}_at_ms"), *at);
-        }
-        // Checks.
-        let e = &self.spec.expect;
-        if let Some(max) = e.drain_p99_ms {
-            report.checks.insert(
-                "drain_propagation_p99".into(),
-                p99_check(&drain, max, missing_drains),
-            );
-        }
-        if let Some(max) = e.detection_p99_ms {
-            report.checks.insert(
-                "detection_p99".into(),
-                p99_check(&detection, max, missing_detections),
-            );
-        }
-        if let Some(max) = e.max_false_downs {
-            report.checks.insert(
-                "false_downs".into(),
-                Check {
-                    ok: obs.false_downs <= max,
-                    detail: format!("{} false downs (limit {max})", obs.false_downs),
-                },
-            );
-        }
-        if e.converge {
-            let all = self.converged_at.len() == self.region_names.len();
-            let within = e
-                .converge_within_ms
-                .is_none_or(|w| conv.iter().all(|&c| c <= w));
-            report.checks.insert(
-                "convergence".into(),
-                Check {
-                    ok: all && within && agree,
-                    detail: format!(
-                        "{} of {} regions converged after settle ({:?} ms); {agree_detail}",
-                        self.converged_at.len(),
-                        self.region_names.len(),
-                        conv
-                    ),
-                },
-            );
-        }
-        if e.no_late_picks {
-            report.checks.insert("no_late_picks".into(), Check {
-                ok: late_w_max <= drain_max && late_d_max <= det_max.max(proc_max),
-                detail: format!(
-                    "latest pick of a withdrawn endpoint {late_w_max} ms after commit (propagation max {drain_max}); of a dead one {late_d_max} ms after death (detection max {det_max}, process failure max {proc_max})"
-                ),
-            });
-        }
+        self.report(world, report, samples);
     }
 }
 

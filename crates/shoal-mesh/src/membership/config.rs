@@ -84,6 +84,29 @@ pub struct MembershipConfig {
     pub max_tracked_down: usize,
     /// Bound on seed addresses kept by [`Membership::join`].
     pub max_seeds: usize,
+    /// Bound on the address book ([`Membership::known_addresses`]): seeds plus addresses of
+    /// members that went down or were restored from disk. Seeds are never evicted; past the
+    /// bound the address unseen for longest is forgotten (counted in
+    /// [`MembershipCounters::known_evicted`]).
+    pub max_known_addrs: usize,
+    /// Period of the reconnect tick, ms: each tick announces to at most
+    /// `reconnect_per_tick` book addresses whose backoff has expired.
+    pub reconnect_tick_ms: u64,
+    /// Most announces per reconnect tick (bounds the traffic to dead addresses). 0 turns
+    /// reconnecting off (the book is still kept): only for measuring what it buys.
+    pub reconnect_per_tick: usize,
+    /// First backoff of an address after a knock went unanswered, ms; doubled per knock.
+    pub reconnect_base_ms: u64,
+    /// Ceiling of the per-address backoff, ms (each wait is drawn in `[b/2, b]` from the
+    /// seeded RNG, so knocks of many members on one address spread out).
+    pub reconnect_max_ms: u64,
+    /// Probe health (`membership/accuser.rs`): while most of our own probes fail, withhold our
+    /// suspect-to-down decisions and do not renew when told we are down. On by default; off
+    /// only to measure what it buys (ADR 0010).
+    pub probe_health: bool,
+    /// Drop piggybacked `Down` updates of members we hold active at a higher incarnation
+    /// (refuted accusations) before foca applies them. On by default; see ADR 0010.
+    pub drop_refuted_downs: bool,
 }
 
 impl MembershipConfig {
@@ -97,7 +120,10 @@ impl MembershipConfig {
     /// * gossip every 200 ms to 3 members, announce every 5 s to 1 (membership anti-entropy:
     ///   the Feed reply repairs identities that rumour mongering missed, e.g. after a partition
     ///   heals and hundreds of members renew at once), announce to 2 down members
-    ///   every 15 s, join retry every 1 s.
+    ///   every 15 s, join retry every 1 s;
+    /// * an address book of 512 entries, knocked on at most twice a second with a per-address
+    ///   backoff of 1 s doubling to 30 s (heals splits longer than foca remembers a down
+    ///   member, 24 h; see `membership/reconnect.rs`).
     pub fn for_cluster_size(n: usize) -> Self {
         let n = n.max(2) as f64;
         let suspicion_ms = (1_600.0 * n.log10()).max(3_000.0).round() as u64;
@@ -122,6 +148,13 @@ impl MembershipConfig {
             max_pending_events: 8_192,
             max_tracked_down: 16_384,
             max_seeds: 64,
+            max_known_addrs: 512,
+            reconnect_tick_ms: 1_000,
+            reconnect_per_tick: 2,
+            reconnect_base_ms: 1_000,
+            reconnect_max_ms: 30_000,
+            probe_health: true,
+            drop_refuted_downs: true,
         }
     }
 
@@ -159,6 +192,10 @@ impl MembershipConfig {
                 self.periodic_gossip_members as u64,
             ),
             ("join_retry_ms", self.join_retry_ms),
+            ("max_known_addrs", self.max_known_addrs as u64),
+            ("reconnect_tick_ms", self.reconnect_tick_ms),
+            ("reconnect_base_ms", self.reconnect_base_ms),
+            ("reconnect_max_ms", self.reconnect_max_ms),
             ("max_pending_transmits", self.max_pending_transmits as u64),
             ("max_pending_timers", self.max_pending_timers as u64),
             ("max_pending_events", self.max_pending_events as u64),

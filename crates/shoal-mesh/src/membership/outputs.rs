@@ -85,6 +85,21 @@ pub struct MembershipCounters {
     /// Identities learned from a peer's member list (push-pull, [`Membership::learn_members`])
     /// that rumour mongering had not brought us.
     pub members_learned: u64,
+    /// Suspect-to-down decisions withheld because most of our own probes failed (we are the
+    /// likely problem; `membership/accuser.rs`).
+    pub downs_withheld: u64,
+    /// Withheld suspect-to-down decisions dropped once our probes succeeded again (formed on
+    /// evidence we no longer trust).
+    pub downs_voided: u64,
+    /// `TurnUndead` messages not acted on (no renewal) because most of our own probes failed.
+    pub renewals_withheld: u64,
+    /// Piggybacked `Down` updates dropped before foca: refuted (stale incarnation) accusations,
+    /// or our own down while our probes fail.
+    pub downs_dropped: u64,
+    /// Address-book entries forgotten (or refused) because the book was full.
+    pub known_evicted: u64,
+    /// Announces sent by the reconnect tick to addresses of the book.
+    pub reconnect_announces: u64,
     /// Gauge: members alive in our view.
     pub members_alive: u64,
     /// Gauge: members suspect in our view.

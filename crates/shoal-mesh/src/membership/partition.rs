@@ -76,7 +76,14 @@ impl Membership {
         // least half as many active as down) does this; a member that was isolated alone, or
         // nearly alone, sees almost everyone as down, and carrying that would make it tell
         // every healthy member "you are down" once they accept its renewed identity.
-        let downs: Vec<Member<MemberId>> = if self.active.len() * 2 < self.down.len() {
+        // A member whose own probes failed recently (reachable by few, `accuser.rs`) formed
+        // its down list on evidence it does not trust: carrying it would tell the members in
+        // it "you are down" once they accept the renewed identity. The address book keeps
+        // knocking on real down members either way (`reconnect.rs`).
+        let distrusted =
+            self.config.probe_health && self.probe_health.failed_recently(self.last_now_ms);
+        let downs: Vec<Member<MemberId>> = if distrusted || self.active.len() * 2 < self.down.len()
+        {
             Vec::new()
         } else {
             self.down

@@ -31,8 +31,16 @@ pub(super) enum TimerKind {
         deadline_ms: u64,
         /// How many times a suspect-to-down was postponed because we were degraded.
         postponed: u8,
+        /// A suspect-to-down withheld because our probes were failing: the suspicion was
+        /// formed on evidence we no longer trust, so once our probes succeed again it is
+        /// dropped (the member stays suspect here until it refutes or others declare it).
+        withheld: bool,
     },
     JoinRetry {
+        seq: u64,
+    },
+    /// The address book's reconnect tick (`reconnect.rs`).
+    Reconnect {
         seq: u64,
     },
 }
@@ -48,6 +56,7 @@ impl Membership {
                 timer,
                 deadline_ms,
                 postponed,
+                withheld,
             } => {
                 if epoch != self.timer_epoch && foca_token(&timer).is_some() {
                     self.counters.stale_timers += 1;
@@ -61,11 +70,21 @@ impl Membership {
                     self.degraded_until_ms = now_ms + self.config.suspect_to_down_after_ms;
                 }
                 let degraded = now_ms < self.degraded_until_ms;
-                if degraded
-                    && postponed < MAX_DOWN_POSTPONES
-                    && matches!(timer, Timer::ChangeSuspectToDown { .. })
-                {
-                    self.counters.downs_postponed += 1;
+                // Probe health (`accuser.rs`): while most of our own probes fail we are the
+                // likely problem, and our accusations wait for as long as that lasts.
+                let failing = self.probes_failing();
+                let suspect_to_down = matches!(timer, Timer::ChangeSuspectToDown { .. });
+                if withheld && !failing && suspect_to_down {
+                    self.counters.downs_voided += 1;
+                    return;
+                }
+                let doubtful = degraded || self.probes_doubtful();
+                if (failing || (doubtful && postponed < MAX_DOWN_POSTPONES)) && suspect_to_down {
+                    if failing {
+                        self.counters.downs_withheld += 1;
+                    } else {
+                        self.counters.downs_postponed += 1;
+                    }
                     let at = now_ms + self.config.suspect_to_down_after_ms;
                     self.push_timer(
                         at,
@@ -73,7 +92,8 @@ impl Membership {
                             epoch,
                             timer,
                             deadline_ms: at,
-                            postponed: postponed + 1,
+                            postponed: postponed.saturating_add(1),
+                            withheld: withheld || failing,
                         },
                     );
                     self.drain(now_ms);
@@ -83,6 +103,7 @@ impl Membership {
                     self.counters.timer_errors += 1;
                 }
             }
+            TimerKind::Reconnect { seq } => self.on_reconnect_tick(now_ms, seq),
             TimerKind::JoinRetry { seq } => {
                 if seq != self.join_seq {
                     self.counters.stale_timers += 1;

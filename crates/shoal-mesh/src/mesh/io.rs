@@ -60,6 +60,13 @@ pub enum Command {
     },
     /// Leave gracefully.
     Leave,
+    /// Put addresses a previous process persisted (from
+    /// [`Membership::known_addresses`](crate::membership::Membership::known_addresses)) back
+    /// into the membership's address book, which keeps knocking on them with backoff.
+    RestoreKnown {
+        /// The persisted addresses.
+        addresses: Vec<crate::membership::KnownAddress>,
+    },
     /// Inject authority-signed lifecycle records (from the authority, or relayed by the agent
     /// that requested the transition). Applied locally and pushed at once.
     Publish {
