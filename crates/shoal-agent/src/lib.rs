@@ -8,19 +8,23 @@
 //! Modules, in boot order: [`config`] (TOML, validated), [`keys`] (data dir: node key, boot
 //! generation), [`persist`] (snapshots), [`agent`] (boot and tasks), [`driver`] (the one task
 //! that owns the mesh), [`client`] (authority RPC), [`dev_authority`], [`listener`] (local socket connections),
-//! [`access`] (who may do what), [`api`], [`probes`], [`metrics`].
+//! [`access`] (who may do what), [`api`], [`consul`] (a Consul-compatible read port),
+//! [`probes`], [`metrics`].
 
 pub mod access;
 pub mod agent;
 pub mod api;
 pub mod client;
 pub mod config;
+pub mod consul;
+pub mod consul_json;
 pub mod dev_authority;
 pub mod driver;
 pub mod keys;
 pub mod listener;
 pub mod local_probes;
 pub mod metrics;
+pub mod metrics_describe;
 pub mod persist;
 pub mod probes;
 pub mod state;

@@ -62,9 +62,11 @@ pub fn endpoint_json(e: &EndpointView, t: RecordTimes) -> Value {
     })
 }
 
-pub(super) fn freshness(shared: &Shared) -> serde_json::Map<String, Value> {
+/// The freshness fields of every answer; `index` is the index of what the route follows
+/// (a service, the member list, or the whole view: ADR 0011).
+pub(super) fn freshness(shared: &Shared, index: u64) -> serde_json::Map<String, Value> {
     let mut m = serde_json::Map::new();
-    m.insert("index".into(), json!(shared.view_index()));
+    m.insert("index".into(), json!(index));
     m.insert("snapshot_age_ms".into(), json!(shared.snapshot_age_ms()));
     m.insert(
         "last_authority_contact_ms_ago".into(),
@@ -74,9 +76,10 @@ pub(super) fn freshness(shared: &Shared) -> serde_json::Map<String, Value> {
     m
 }
 
-pub(super) fn with_index(shared: &Shared, status: StatusCode, body: Value) -> Response {
+/// A JSON answer with `X-Shoal-Index: index` (and `X-Shoal-Stale` when stale).
+pub(super) fn with_index(shared: &Shared, index: u64, status: StatusCode, body: Value) -> Response {
     let mut r = (status, axum::Json(body)).into_response();
-    if let Ok(v) = HeaderValue::from_str(&shared.view_index().to_string()) {
+    if let Ok(v) = HeaderValue::from_str(&index.to_string()) {
         r.headers_mut().insert("x-shoal-index", v);
     }
     if shared.is_stale() {

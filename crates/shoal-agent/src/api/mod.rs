@@ -23,14 +23,19 @@ use crate::state::Shared;
 
 mod block;
 mod error;
+mod index;
 mod json;
 mod query;
 mod reads;
 mod register;
 mod writes;
 
+pub(crate) use block::block_on;
 pub use error::ApiError;
+pub use index::{ViewIndex, Watched, MAX_WATCHED_SERVICES};
 pub use json::{endpoint_json, RecordTimes};
+pub(crate) use query::percent_decode;
+pub(crate) use reads::service_view;
 pub use register::{ensure_node_key_bound, register_instance, RegisterBody};
 pub use writes::transition;
 

@@ -5,7 +5,7 @@ use shoal_proto::LabelDimension;
 
 use super::*;
 
-pub(super) fn percent_decode(s: &str) -> Option<String> {
+pub(crate) fn percent_decode(s: &str) -> Option<String> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;

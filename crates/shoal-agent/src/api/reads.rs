@@ -21,9 +21,9 @@ pub(super) async fn openapi() -> Response {
 }
 
 /// One endpoint of a view with its record times.
-pub(super) type TimedView = (EndpointView, RecordTimes);
+pub(crate) type TimedView = (EndpointView, RecordTimes);
 
-pub(super) fn service_view(shared: &Shared, key: &ServiceKey) -> (Vec<TimedView>, u64, u64) {
+pub(crate) fn service_view(shared: &Shared, key: &ServiceKey) -> (Vec<TimedView>, u64, u64) {
     let now = shared.now_ms();
     let mesh = shared.mesh.read().expect("mesh lock");
     let ej = shared.ejections.lock().expect("ejections");
@@ -52,7 +52,13 @@ pub(super) fn service_view(shared: &Shared, key: &ServiceKey) -> (Vec<TimedView>
 pub(super) async fn services(
     State(shared): State<Arc<Shared>>,
     Extension(who): Extension<LocalCaller>,
-) -> Response {
+    RawQuery(raw): RawQuery,
+) -> ApiResult {
+    let q = parse_query(raw)?;
+    if let Some(index) = q.index {
+        block(&shared, Watched::All, index, q.wait_ms).await;
+    }
+    let index = shared.index.current();
     let list: Vec<Value> = {
         let now = shared.now_ms();
         let mesh = shared.mesh.read().expect("mesh lock");
@@ -78,9 +84,14 @@ pub(super) async fn services(
             })
             .collect()
     };
-    let mut body = freshness(&shared);
+    let mut body = freshness(&shared, index);
     body.insert("services".into(), Value::Array(list));
-    with_index(&shared, StatusCode::OK, Value::Object(body))
+    Ok(with_index(
+        &shared,
+        index,
+        StatusCode::OK,
+        Value::Object(body),
+    ))
 }
 
 pub(super) fn check_read(
@@ -105,20 +116,27 @@ pub(super) async fn endpoints(
     check_read(&shared, &who, &key)?;
     let q = parse_query(raw)?;
     if let Some(index) = q.index {
-        block(&shared, index, q.wait_ms).await;
+        block(&shared, Watched::Service(&key), index, q.wait_ms).await;
     }
+    // Read before the view: a change racing the read then shows up in the next answer.
+    let index = shared.index.service(&key);
     let (eps, modify_index, catalog_index) = service_view(&shared, &key);
     let list: Vec<Value> = eps
         .iter()
         .filter(|(e, _)| q.matches(e))
         .map(|(e, t)| endpoint_json(e, *t))
         .collect();
-    let mut body = freshness(&shared);
+    let mut body = freshness(&shared, index);
     body.insert("service".into(), json!(key.to_string()));
     body.insert("modify_index".into(), json!(modify_index));
     body.insert("catalog_index".into(), json!(catalog_index));
     body.insert("endpoints".into(), Value::Array(list));
-    Ok(with_index(&shared, StatusCode::OK, Value::Object(body)))
+    Ok(with_index(
+        &shared,
+        index,
+        StatusCode::OK,
+        Value::Object(body),
+    ))
 }
 
 pub(super) async fn pick(
@@ -131,6 +149,7 @@ pub(super) async fn pick(
     check_read(&shared, &who, &key)?;
     let q = parse_query(raw)?;
     let r = Jitter::new().next_u64();
+    let index = shared.index.service(&key);
     let picked = {
         let now = shared.now_ms();
         let mesh = shared.mesh.read().expect("mesh lock");
@@ -152,15 +171,20 @@ pub(super) async fn pick(
             )
         })
     };
-    let mut body = freshness(&shared);
+    let mut body = freshness(&shared, index);
     body.insert("service".into(), json!(key.to_string()));
     match picked {
         Some((e, t)) => {
             body.insert("endpoint".into(), endpoint_json(&e, t));
-            Ok(with_index(&shared, StatusCode::OK, Value::Object(body)))
+            Ok(with_index(
+                &shared,
+                index,
+                StatusCode::OK,
+                Value::Object(body),
+            ))
         }
         None => {
-            counter!("shoal_no_backend_total").increment(1);
+            counter!("shoal_no_backend_total", "service" => key.to_string()).increment(1);
             body.insert("error".into(), json!("no backend"));
             body.insert(
                 "detail".into(),
@@ -168,6 +192,7 @@ pub(super) async fn pick(
             );
             Ok(with_index(
                 &shared,
+                index,
                 StatusCode::SERVICE_UNAVAILABLE,
                 Value::Object(body),
             ))
@@ -186,7 +211,7 @@ pub(super) async fn agent_self(State(shared): State<Arc<Shared>>) -> Response {
         )
     };
     let st = shared.status.lock().expect("status").clone();
-    let mut body = freshness(&shared);
+    let mut body = freshness(&shared, shared.view_index());
     body.insert("node".into(), json!(identity.node.as_str()));
     body.insert("region".into(), json!(shared.cfg.region.as_str()));
     body.insert("zone".into(), json!(shared.cfg.zone.as_str()));
@@ -218,10 +243,23 @@ pub(super) async fn agent_self(State(shared): State<Arc<Shared>>) -> Response {
         );
         body.insert("dev_authority_key".into(), json!(k));
     }
-    with_index(&shared, StatusCode::OK, Value::Object(body))
+    with_index(
+        &shared,
+        shared.view_index(),
+        StatusCode::OK,
+        Value::Object(body),
+    )
 }
 
-pub(super) async fn members(State(shared): State<Arc<Shared>>) -> Response {
+pub(super) async fn members(
+    State(shared): State<Arc<Shared>>,
+    RawQuery(raw): RawQuery,
+) -> ApiResult {
+    let q = parse_query(raw)?;
+    if let Some(index) = q.index {
+        block(&shared, Watched::Members, index, q.wait_ms).await;
+    }
+    let index = shared.index.members();
     let list: Vec<Value> = {
         let mesh = shared.mesh.read().expect("mesh lock");
         let me = mesh.membership().identity();
@@ -231,9 +269,14 @@ pub(super) async fn members(State(shared): State<Arc<Shared>>) -> Response {
             }))
             .collect()
     };
-    let mut body = freshness(&shared);
+    let mut body = freshness(&shared, index);
     body.insert("members".into(), Value::Array(list));
-    with_index(&shared, StatusCode::OK, Value::Object(body))
+    Ok(with_index(
+        &shared,
+        index,
+        StatusCode::OK,
+        Value::Object(body),
+    ))
 }
 
 pub(super) async fn health(State(shared): State<Arc<Shared>>) -> Response {
@@ -246,7 +289,7 @@ pub(super) async fn health(State(shared): State<Arc<Shared>>) -> Response {
         .membership()
         .num_members();
     let ok = !stale && st.authority_error.is_none() && st.persist_error.is_none();
-    let mut body = freshness(&shared);
+    let mut body = freshness(&shared, shared.view_index());
     body.insert("status".into(), json!(if ok { "ok" } else { "degraded" }));
     body.insert("active".into(), json!(st.active));
     body.insert("members".into(), json!(members));
@@ -258,5 +301,5 @@ pub(super) async fn health(State(shared): State<Arc<Shared>>) -> Response {
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    with_index(&shared, code, Value::Object(body))
+    with_index(&shared, shared.view_index(), code, Value::Object(body))
 }

@@ -104,6 +104,7 @@ pub(super) async fn register_inner(
     let (records, generation) = register_instance(shared, key.clone(), &b, Some(who)).await?;
     Ok(with_index(
         shared,
+        shared.view_index(),
         StatusCode::OK,
         json!({"service": key.to_string(), "instance": b.instance, "generation": generation, "records": records}),
     ))

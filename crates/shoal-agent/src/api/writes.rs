@@ -146,9 +146,10 @@ pub(super) async fn report_inner(
             counter!("shoal_local_ejections_total", "outcome" => "ejected").increment(1);
         }
     }
-    shared.bump_index();
+    shared.index.bump_services([&key]);
     Ok(with_index(
         &shared,
+        shared.view_index(),
         StatusCode::OK,
         json!({"instance": instance.as_str(), "generation": generation.0, "ejected_for_ms": ejected_until, "scope": "local"}),
     ))
@@ -286,7 +287,12 @@ pub(super) async fn lifecycle(
         // Bodies are not used, but still bounded in size and time.
         read_body(&shared, body).await?;
         let out = transition(&shared, &key, &instance, &action, Some(&who)).await?;
-        Ok(with_index(&shared, StatusCode::OK, out))
+        Ok(with_index(
+            &shared,
+            shared.view_index(),
+            StatusCode::OK,
+            out,
+        ))
     }
     .await;
     count_write(route_of(&action), &r);
