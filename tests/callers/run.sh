@@ -87,9 +87,9 @@ wait_for "node-2 active" bash -c "curl -sf --unix-socket $DIR/node-2.sock http:/
 wait_for "node-1 consul port" curl -sf http://127.0.0.1:18500/v1/agent/self
 
 echo "--- py-consul against node-1's Consul port ($DRAINS drains)"
-t=$(date +%s.%N)
+t=$(date +%s%N)
 python3 "$ROOT/tests/callers/consul_check.py" 127.0.0.1:18500 "$DIR/node-2.sock" "$DRAINS"
-echo "py-consul checks took $(echo "$(date +%s.%N) - $t" | bc) s"
+echo "py-consul checks took $(( ($(date +%s%N) - t) / 1000000 )) ms"
 
 echo "--- promtool check metrics on node-1's first scrape after the checks"
 curl -sf http://127.0.0.1:19464/metrics > metrics.txt
@@ -123,11 +123,15 @@ echo "shoal watch: survived the restart, $lines tables printed, no repeats"
 kill -TERM "$wpid" 2>/dev/null || true
 
 echo "--- schemathesis (bounded) against node-2's unix socket, via a TCP relay"
+# Every answer must be a documented status with a body matching its schema. 5xx answers are
+# allowed only where documented (503 "no backend" from pick, 503 degraded from
+# /v1/agent/health, 503 authority unavailable on writes); an undocumented 500 fails
+# status_code_conformance. Writes are fuzzed too (the agent runs dev_allow_all).
 python3 "$ROOT/tests/callers/unix_relay.py" "$DIR/node-2.sock" 127.0.0.1 18080 &
 pids+=($!)
 wait_for "relay" curl -sf http://127.0.0.1:18080/v1/agent/self
 schemathesis run "$ROOT/docs/api/openapi.json" --url http://127.0.0.1:18080 \
-  --checks not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance \
+  --checks status_code_conformance,content_type_conformance,response_schema_conformance \
   --max-examples "${SCHEMATHESIS_EXAMPLES:-25}" --phases examples,fuzzing \
-  --exclude-method POST --request-timeout 10 --seed 1
+  --request-timeout 10 --seed 1
 echo "callers: all checks passed"
