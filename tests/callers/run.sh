@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Callers in any language (issue 17), against real agents: py-consul on the Consul-compatible
-# port (with blocking wake-up latency after drains), promtool on a real scrape, `shoal watch`
+# port (with blocking wake-up latency after drains), dig on the DNS port, promtool on a real scrape, `shoal watch`
 # across an agent restart, and a bounded schemathesis run of the OpenAPI document against the
 # live unix-socket API.
 #
@@ -64,6 +64,9 @@ dev_allow_all = true
 
 [consul]
 listen = "$ip:18500"
+
+[dns]
+listen = "$ip:18600"
 CONF
 }
 start() { # name
@@ -90,6 +93,43 @@ echo "--- py-consul against node-1's Consul port ($DRAINS drains)"
 t=$(date +%s%N)
 python3 "$ROOT/tests/callers/consul_check.py" 127.0.0.1:18500 "$DIR/node-2.sock" "$DRAINS"
 echo "py-consul checks took $(( ($(date +%s%N) - t) / 1000000 )) ms"
+
+echo "--- dig against node-1's DNS (127.0.0.1:18600)"
+D() { dig @127.0.0.1 -p 18600 +norec +time=2 +tries=1 "$@"; }
+status() { D "$@" +noall +comments | sed -n 's/.*status: \([A-Z]*\).*/\1/p'; }
+expect() { # what got want
+  [[ $2 == "$3" ]] || { echo "dig: $1: got '$2', want '$3'" >&2; exit 1; }
+  echo "ok: dig $1 ($2)"
+}
+# After the py-consul checks: web-1 DRAINING (never answered), web-2 READY in zone-2, db-1 READY.
+expect "SRV web: only the routable web-2, priority 1 (other zone), weight, port" \
+  "$(D web.http.prod.service.shoal SRV +short)" "1 100 18082 7f000001.addr.shoal."
+expect "SRV target resolves in the additional section" \
+  "$(D web.http.prod.service.shoal SRV +noall +additional | awk '{print $1, $4, $5}')" "7f000001.addr.shoal. A 127.0.0.1"
+expect "A web" "$(D web.http.prod.service.shoal A +short)" "127.0.0.1"
+expect "A of an addr name" "$(D 7f000001.addr.shoal A +short)" "127.0.0.1"
+expect "AAAA web: NODATA" "$(status web.http.prod.service.shoal AAAA)/$(D web.http.prod.service.shoal AAAA +short | wc -l)" "NOERROR/0"
+expect "NODATA carries the SOA" "$(D web.http.prod.service.shoal AAAA +noall +authority | awk '{print $4}')" "SOA"
+expect "unknown service: NXDOMAIN" "$(status nope.http.prod.service.shoal SRV)" "NXDOMAIN"
+expect "bad shape: NXDOMAIN" "$(status web.prod.service.shoal SRV)" "NXDOMAIN"
+expect "foreign name: REFUSED" "$(status example.com A)" "REFUSED"
+expect "case-insensitive" "$(D WEB.HTTP.PROD.service.SHOAL SRV +short | wc -l)" "1"
+expect "TTL 0 (default)" "$(D web.http.prod.service.shoal SRV +noall +answer | awk '{print $2}')" "0"
+curl -sf --unix-socket "$DIR/node-2.sock" -X POST http://a/v1/services/prod/web/http/instances/web-2/drain >/dev/null
+wait_for "web-2 drained on node-1" bash -c "[[ \$(dig @127.0.0.1 -p 18600 +norec +short web.http.prod.service.shoal SRV | wc -l) == 0 ]]"
+expect "all drained: NODATA, not NXDOMAIN" "$(status web.http.prod.service.shoal SRV)" "NOERROR"
+for i in $(seq 1 40); do
+  curl -sf --unix-socket "$DIR/node-2.sock" -X POST http://a/v1/services/prod/big/http/register \
+    -d "{\"instance\":\"big-$i\",\"address\":\"127.0.1.$i:9000\"}" >/dev/null
+  curl -sf --unix-socket "$DIR/node-2.sock" -X POST "http://a/v1/services/prod/big/http/instances/big-$i/ready" >/dev/null
+done
+wait_for "40 big endpoints on node-1" bash -c "[[ \$(dig @127.0.0.1 -p 18600 +norec +tcp +short big.http.prod.service.shoal SRV | wc -l) == 40 ]]"
+expect "UDP, EDNS 512: truncated" "$(D big.http.prod.service.shoal SRV +bufsize=512 +ignore +noall +comments | grep -c 'flags:.* tc')" "1"
+expect "UDP, no EDNS: truncated at 512 bytes" "$(D big.http.prod.service.shoal SRV +noedns +ignore +noall +comments | grep -c 'flags:.* tc')" "1"
+expect "UDP, no EDNS: answer within 512 bytes" "$(( $(D big.http.prod.service.shoal SRV +noedns +ignore | sed -n 's/.*MSG SIZE  rcvd: \([0-9]*\).*/\1/p') <= 512 ))" "1"
+expect "TCP: all 40, not truncated" "$(D big.http.prod.service.shoal SRV +tcp +short | wc -l)" "40"
+expect "dig falls back to TCP on TC" "$(D big.http.prod.service.shoal SRV +bufsize=512 +short | wc -l)" "40"
+echo "dig: all checks passed"
 
 echo "--- promtool check metrics on node-1's first scrape after the checks"
 curl -sf http://127.0.0.1:19464/metrics > metrics.txt

@@ -223,6 +223,12 @@ pub async fn run_until(
         let max = shared.cfg.raw.consul.max_connections;
         tasks.push(tokio::spawn(crate::consul::serve(l, app, max)));
     }
+    if let Some(addr) = shared.cfg.raw.dns.listen {
+        let t = crate::dns::serve(shared.clone(), addr)
+            .await
+            .with_context(|| format!("DNS listener {addr}"))?;
+        tasks.push(t);
+    }
     if let Some(addr) = shared.cfg.raw.metrics {
         if !addr.ip().is_loopback() {
             tracing::warn!(%addr, "metrics served on a NON-LOOPBACK address (metrics_allow_non_loopback = true): unauthenticated");

@@ -8,7 +8,7 @@
 //! Modules, in boot order: [`config`] (TOML, validated), [`keys`] (data dir: node key, boot
 //! generation), [`persist`] (snapshots), [`agent`] (boot and tasks), [`driver`] (the one task
 //! that owns the mesh), [`client`] (authority RPC), [`dev_authority`], [`listener`] (local socket connections),
-//! [`access`] (who may do what), [`api`], [`consul`] (a Consul-compatible read port),
+//! [`access`] (who may do what), [`api`], [`consul`] (a Consul-compatible read port), [`dns`],
 //! [`probes`], [`metrics`].
 
 pub mod access;
@@ -19,6 +19,7 @@ pub mod config;
 pub mod consul;
 pub mod consul_json;
 pub mod dev_authority;
+pub mod dns;
 pub mod driver;
 pub mod keys;
 pub mod listener;
