@@ -6,7 +6,7 @@
 //! `{"error": ..., "reason": ...}` and is counted in `shoal_rejected_inputs_total{source="api"}`;
 //! a body over `[api] max_body_bytes` gets 413, one slower than `body_read_timeout_ms` 408.
 //!
-//! Every request carries the caller's [`LocalCaller`] (peer credentials, see
+//! Every request carries the caller's [`LocalCaller`](shoal_proto::rpc::LocalCaller) (peer credentials, see
 //! [`crate::listener`]); writes are authorised by [`crate::access`] and refused with 403
 //! `{"error": <sentence>, "reason": <code>}` unless granted. Every write, accepted or refused,
 //! is counted in `shoal_api_writes_total{route,result}` (`result`: `accepted`, `refused` (403),
