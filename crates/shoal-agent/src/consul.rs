@@ -339,7 +339,7 @@ fn listed(shared: &Shared, key: &ServiceKey, q: &ConsulQuery) -> Vec<cj::Instanc
         .into_iter()
         .filter(|(e, _)| e.state != EndpointState::Expired)
         .filter(|(e, _)| !q.passing || e.routable)
-        .map(|(e, _)| cj::Instance::new(shared, key, e, &members))
+        .map(|(e, _)| cj::Instance::new(key, e, &members))
         .filter(|i| q.tags.iter().all(|t| i.tags.contains(t)))
         .collect()
 }

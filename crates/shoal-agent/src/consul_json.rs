@@ -84,12 +84,7 @@ pub fn tags_of(e: &EndpointView) -> Vec<String> {
 
 impl Instance {
     /// Maps one endpoint of `key`.
-    pub fn new(
-        _shared: &Shared,
-        key: &ServiceKey,
-        view: EndpointView,
-        members: &MemberAddrs,
-    ) -> Self {
+    pub fn new(key: &ServiceKey, view: EndpointView, members: &MemberAddrs) -> Self {
         let tags = tags_of(&view);
         let mut meta = BTreeMap::new();
         meta.insert("shoal_namespace".into(), key.namespace.as_str().to_owned());
