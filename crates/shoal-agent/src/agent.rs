@@ -160,7 +160,6 @@ pub async fn run_until(
     let owners = crate::access::Owners::load(&raw.data_dir);
     let local_probes = crate::local_probes::LocalProbes::load(&raw.data_dir);
     let (driver_tx, driver_rx) = mpsc::channel(4096);
-    let (index_tx, _) = watch::channel(1u64);
     let shared = Arc::new(Shared {
         node_key_hex: keys::to_hex(&node_key.verifying_key().to_bytes()),
         node_public_key: node_key.verifying_key().to_bytes(),
@@ -177,7 +176,7 @@ pub async fn run_until(
         member_changes: Default::default(),
         mesh: RwLock::new(mesh),
         origin: tokio::time::Instant::now(),
-        index: index_tx,
+        index: crate::api::ViewIndex::new(boot),
         ejections: Mutex::new(Default::default()),
         apply_times: Mutex::new(Default::default()),
         status: Mutex::new(status),
@@ -216,6 +215,21 @@ pub async fn run_until(
     tasks.push(tokio::spawn(crate::listener::serve(
         listener, app, limiter, serve_cfg,
     )));
+    if let Some(addr) = shared.cfg.raw.consul.listen {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("consul API listener {addr}"))?;
+        tracing::warn!(addr = %l.local_addr().unwrap_or(addr), "Consul-compatible read API listening: anyone who can reach it can read the catalog");
+        let app = crate::consul::router(shared.clone());
+        let max = shared.cfg.raw.consul.max_connections;
+        tasks.push(tokio::spawn(crate::consul::serve(l, app, max)));
+    }
+    if let Some(addr) = shared.cfg.raw.dns.listen {
+        let t = crate::dns::serve(shared.clone(), addr)
+            .await
+            .with_context(|| format!("DNS listener {addr}"))?;
+        tasks.push(t);
+    }
     if let Some(addr) = shared.cfg.raw.metrics {
         if !addr.ip().is_loopback() {
             tracing::warn!(%addr, "metrics served on a NON-LOOPBACK address (metrics_allow_non_loopback = true): unauthenticated");

@@ -31,6 +31,14 @@
 //! socket_mode = 0o660               # the outer gate: who may open the socket at all
 //! socket_group = "shoal-clients"    # optional group of the socket (chown at start)
 //!
+//! [consul]                          # Consul-compatible reads (docs/api/consul.md); off by default
+//! listen = "127.0.0.1:8500"         # loopback unless allow_non_loopback = true; anyone on the host can read
+//!
+//! [dns]                             # DNS, UDP + TCP (crate::dns); off by default
+//! listen = "127.0.0.1:8600"         # <service>.<port>.<namespace>.service.<domain> SRV / A / AAAA
+//! domain = "shoal"
+//! ttl_s = 0                         # 0..=60
+//!
 //! [probes]
 //! allow_exec = false                # exec probes refused unless true (they run as the registrant)
 //!
@@ -162,6 +170,12 @@ pub struct AgentConfig {
     /// Who may do what on the local socket.
     #[serde(default)]
     pub access: crate::access::AccessConfig,
+    /// The Consul-compatible read port (off unless `listen` is set).
+    #[serde(default)]
+    pub consul: crate::consul::ConsulConfig,
+    /// DNS (off unless `listen` is set).
+    #[serde(default)]
+    pub dns: crate::dns::DnsConfig,
     /// Instances declared in the file (registered at start).
     #[serde(default)]
     pub instances: Vec<InstanceConfig>,
@@ -653,6 +667,15 @@ pub fn validate(raw: AgentConfig) -> Result<Validated, ConfigError> {
             ));
         }
     }
+    crate::consul::validate_read_port(
+        "consul.listen",
+        raw.consul.listen,
+        raw.consul.allow_non_loopback,
+        raw.access.reads,
+    )
+    .map_err(|(field, message)| invalid(field, message))?;
+    crate::dns::validate(&raw.dns, raw.access.reads)
+        .map_err(|(field, message)| invalid(field, message))?;
     let api = &raw.api;
     if api.header_read_timeout_ms == 0 || api.body_read_timeout_ms == 0 {
         return Err(invalid(

@@ -20,7 +20,7 @@ use shoal_catalog::view::is_routable;
 use shoal_mesh::{Channel, Command, MembershipEvent, MeshEvent, MeshTimer};
 use shoal_proto::envelope::{self, MessageKind, MAX_STREAM_MESSAGE_BYTES};
 use shoal_proto::rpc::{AuthorityError, AuthorityOk, AuthorityReply, AuthorityRequest};
-use shoal_proto::{HealthStatus, LifecycleState};
+use shoal_proto::{HealthStatus, InstanceId, LifecycleState};
 use shoal_transport::transport::{Channel as TChannel, Inbound, Transport};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -318,7 +318,13 @@ impl Driver {
                     }
                     MembershipEvent::Defunct => tracing::info!("left the mesh"),
                 }
-                shared.bump_index();
+                shared.index.bump_members();
+                if let MembershipEvent::Up(id) | MembershipEvent::Down(id) = &m {
+                    let keys = services_on_node(&shared, &id.node);
+                    if !keys.is_empty() {
+                        shared.index.bump_services(keys.iter());
+                    }
+                }
             }
             MeshEvent::LifecycleApplied(rec) => {
                 let r = &rec.record;
@@ -339,17 +345,17 @@ impl Driver {
                 histogram!("shoal_watch_lag_seconds").record(lag_ms as f64 / 1000.0);
                 counter!("shoal_lifecycle_transitions_total", "to" => r.state.as_str())
                     .increment(1);
-                shared.bump_index();
+                shared.index.bump_services([&r.key]);
             }
             MeshEvent::HealthApplied(h) => {
                 if h.record.status == HealthStatus::Failing {
                     counter!("shoal_health_flaps_total").increment(1);
                 }
-                shared.bump_index();
+                shared.index.bump_services([&h.record.key]);
             }
             MeshEvent::SnapshotInstalled { records } => {
                 tracing::info!(records, "full snapshot installed");
-                shared.bump_index();
+                shared.index.bump_everything();
             }
             MeshEvent::Refused(r) => {
                 tracing::debug!(?r, "mesh refused a command");
@@ -362,14 +368,21 @@ impl Driver {
         let shared = self.shared.clone();
         let now = shared.now_ms();
         // Expired ejections change views.
-        let expired = {
+        let expired: Vec<InstanceId> = {
             let mut ej = shared.ejections.lock().expect("ejections");
-            let before = ej.len();
-            ej.retain(|_, until| *until > now);
-            before != ej.len()
+            let mut gone = Vec::new();
+            ej.retain(|(instance, _), until| {
+                let keep = *until > now;
+                if !keep {
+                    gone.push(instance.clone());
+                }
+                keep
+            });
+            gone
         };
-        if expired {
-            shared.bump_index();
+        if !expired.is_empty() {
+            let keys = services_of_instances(&shared, &expired);
+            shared.index.bump_services(keys.iter());
         }
         // Expired RPCs.
         let timeout = shared.cfg.raw.authority.rpc_timeout_ms;
@@ -400,6 +413,8 @@ impl Driver {
                     .count()
             });
             gauge!("shoal_ready_endpoints", "service" => key.to_string()).set(ready as f64);
+            // The no-backend series of every known service exists before its first 503.
+            counter!("shoal_no_backend_total", "service" => key.to_string()).increment(0);
         }
         drop(mesh);
         gauge!("shoal_snapshot_age_seconds").set(shared.snapshot_age_ms() as f64 / 1000.0);
@@ -490,4 +505,33 @@ impl Driver {
 /// True when a lifecycle state may take traffic (for metrics of removed endpoints).
 pub fn is_withdrawn(state: LifecycleState) -> bool {
     matches!(state, LifecycleState::Draining | LifecycleState::Expired)
+}
+
+/// The services with endpoints owned by `node` (their views change when it goes up or down).
+fn services_on_node(shared: &Shared, node: &shoal_proto::NodeId) -> Vec<shoal_proto::ServiceKey> {
+    let mesh = shared.mesh.read().expect("mesh lock");
+    let mut keys: Vec<_> = mesh
+        .catalog()
+        .entries()
+        .filter(|(_, _, e)| e.lifecycle().record.owner == *node)
+        .map(|(k, _, _)| k.clone())
+        .collect();
+    keys.dedup();
+    keys
+}
+
+/// The services holding any of `instances` (their views change when an ejection ends).
+fn services_of_instances(
+    shared: &Shared,
+    instances: &[InstanceId],
+) -> Vec<shoal_proto::ServiceKey> {
+    let mesh = shared.mesh.read().expect("mesh lock");
+    let mut keys: Vec<_> = mesh
+        .catalog()
+        .entries()
+        .filter(|(_, i, _)| instances.contains(i))
+        .map(|(k, _, _)| k.clone())
+        .collect();
+    keys.dedup();
+    keys
 }

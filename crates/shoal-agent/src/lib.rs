@@ -8,14 +8,19 @@
 //! Modules, in boot order: [`config`] (TOML, validated), [`keys`] (data dir: node key, boot
 //! generation), [`persist`] (snapshots), [`agent`] (boot and tasks), [`driver`] (the one task
 //! that owns the mesh), [`client`] (authority RPC), [`dev_authority`], [`listener`] (local socket connections),
-//! [`access`] (who may do what), [`api`], [`health_endpoints`] (liveness, readiness), [`members_view`] (`/v1/agent/members`), [`probes`], [`metrics`].
+//! [`access`] (who may do what), [`api`], [`consul`] (a Consul-compatible read port), [`dns`],
+//! [`health_endpoints`] (liveness, readiness), [`members_view`] (`/v1/agent/members` rows),
+//! [`probes`], [`metrics`].
 
 pub mod access;
 pub mod agent;
 pub mod api;
 pub mod client;
 pub mod config;
+pub mod consul;
+pub mod consul_json;
 pub mod dev_authority;
+pub mod dns;
 pub mod driver;
 pub mod health_endpoints;
 pub mod keys;
@@ -23,6 +28,7 @@ pub mod listener;
 pub mod local_probes;
 pub mod members_view;
 pub mod metrics;
+pub mod metrics_describe;
 pub mod persist;
 pub mod probes;
 pub mod state;

@@ -12,17 +12,14 @@
 //! it has not seen a change since it started, e.g. for itself).
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 
-use axum::extract::State;
-use axum::http::{HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
 use crate::state::Shared;
 
-/// The handler (see the module docs).
-pub async fn members(State(shared): State<Arc<Shared>>) -> Response {
+/// The member rows (see the module docs); the handler with `index`/`wait` is
+/// `crate::api` (`members` in `api/reads.rs`).
+pub fn member_rows(shared: &Shared) -> Vec<Value> {
     let now = shared.now_ms();
     let changes = shared
         .member_changes
@@ -30,50 +27,37 @@ pub async fn members(State(shared): State<Arc<Shared>>) -> Response {
         .expect("member changes")
         .clone();
     let ago = |node: &shoal_proto::NodeId| changes.get(node).map(|t| now.saturating_sub(*t));
-    let rows: Vec<Value> =
-        {
-            let mesh = shared.mesh.read().expect("mesh lock");
-            let ms = mesh.membership();
-            let me = ms.identity();
-            let suspects: BTreeSet<&shoal_proto::NodeId> = ms.suspects().collect();
-            let mut rows = vec![json!({
-                "node": me.node.as_str(), "address": me.addr.to_string(), "boot": me.boot.0,
-                "state": "self", "zone": shared.cfg.zone.as_str(),
-                "version": env!("CARGO_PKG_VERSION"), "last_change_ms_ago": Value::Null,
-            })];
-            rows.extend(ms.members().map(|m| {
-                let state = if suspects.contains(&m.node) {
-                    "suspect"
-                } else {
-                    "alive"
-                };
+    let mesh = shared.mesh.read().expect("mesh lock");
+    let ms = mesh.membership();
+    let me = ms.identity();
+    let suspects: BTreeSet<&shoal_proto::NodeId> = ms.suspects().collect();
+    let mut rows = vec![json!({
+        "node": me.node.as_str(), "address": me.addr.to_string(), "boot": me.boot.0,
+        "state": "self", "zone": shared.cfg.zone.as_str(),
+        "version": env!("CARGO_PKG_VERSION"), "last_change_ms_ago": Value::Null,
+    })];
+    rows.extend(ms.members().map(|m| {
+        let state = if suspects.contains(&m.node) {
+            "suspect"
+        } else {
+            "alive"
+        };
+        json!({
+            "node": m.node.as_str(), "address": m.addr.to_string(), "boot": m.boot.0,
+            "state": state, "zone": Value::Null, "version": Value::Null,
+            "last_change_ms_ago": ago(&m.node),
+        })
+    }));
+    rows.extend(
+        ms.down_nodes()
+            .filter_map(|n| ms.down_identity(n))
+            .map(|(m, at)| {
                 json!({
                     "node": m.node.as_str(), "address": m.addr.to_string(), "boot": m.boot.0,
-                    "state": state, "zone": Value::Null, "version": Value::Null,
-                    "last_change_ms_ago": ago(&m.node),
+                    "state": "down", "zone": Value::Null, "version": Value::Null,
+                    "last_change_ms_ago": ago(&m.node).or(Some(now.saturating_sub(at))),
                 })
-            }));
-            rows.extend(ms.down_nodes().filter_map(|n| ms.down_identity(n)).map(|(m, at)| {
-            json!({
-                "node": m.node.as_str(), "address": m.addr.to_string(), "boot": m.boot.0,
-                "state": "down", "zone": Value::Null, "version": Value::Null,
-                "last_change_ms_ago": ago(&m.node).or(Some(now.saturating_sub(at))),
-            })
-        }));
-            rows
-        };
-    let mut body = serde_json::Map::new();
-    body.insert("index".into(), json!(shared.view_index()));
-    body.insert("snapshot_age_ms".into(), json!(shared.snapshot_age_ms()));
-    body.insert(
-        "last_authority_contact_ms_ago".into(),
-        json!(shared.authority_age_ms()),
+            }),
     );
-    body.insert("stale".into(), json!(shared.is_stale()));
-    body.insert("members".into(), Value::Array(rows));
-    let mut r = (StatusCode::OK, axum::Json(Value::Object(body))).into_response();
-    if let Ok(v) = HeaderValue::from_str(&shared.view_index().to_string()) {
-        r.headers_mut().insert("x-shoal-index", v);
-    }
-    r
+    rows
 }

@@ -17,7 +17,7 @@
 //! | agent reconnects | `shoal_reconnects_total{what}` |
 //! | new requests to removed endpoints | `shoal_requests_to_removed_endpoints_total` |
 //! | stale-endpoint connection failures | `shoal_stale_endpoint_failures_total` |
-//! | no-backend results | `shoal_no_backend_total` |
+//! | no-backend results | `shoal_no_backend_total{service}` |
 //!
 //! plus TLS material (`shoal_tls_cert_expiry_seconds`: seconds until the current certificate's
 //! notAfter, set at start, on every reload and every 10 s; `shoal_tls_reloads_total{result}`:
@@ -32,7 +32,10 @@
 //! `shoal_api_connections` (open), `shoal_api_connection_cap{scope}`,
 //! `shoal_api_connections_refused_total{why}` (`per_uid` 429, `total` 503, `no_peer_cred`),
 //! `shoal_api_connections_closed_total{why}` (`header_timeout`, `error`),
-//! `shoal_api_accept_errors_total`; exec probes: `shoal_probe_exec_total{result}`
+//! `shoal_api_accept_errors_total`; blocking queries `shoal_api_index_overflow_total`; the
+//! Consul port `shoal_consul_connections_refused_total`, `shoal_consul_accept_errors_total`;
+//! `shoal_build_info{version}` and `process_*` (`crate::metrics_describe`, which also holds the
+//! HELP text of every metric); exec probes: `shoal_probe_exec_total{result}`
 //! (`spawn_error`, `timeout_killed`); the dev authority's `shoal_audit_write_failures_total`.
 
 use std::sync::OnceLock;
@@ -59,6 +62,7 @@ pub fn install() -> Option<PrometheusHandle> {
                 .build_recorder();
             let handle = recorder.handle();
             metrics::set_global_recorder(recorder).ok()?;
+            crate::metrics_describe::describe_all();
             Some(handle)
         })
         .clone()
@@ -153,4 +157,5 @@ pub fn export_counters(mesh: &Mesh<Keyring>, transport: &TransportCounters) {
     counter!("shoal_transport_dropped_total", "why" => "inbound").absolute(t.inbound_dropped);
     gauge!("shoal_transport_connections").set(t.connections_open as f64);
     counter!("shoal_renewal_writes_total").absolute(0);
+    crate::metrics_describe::record_process();
 }

@@ -16,7 +16,7 @@ use shoal_proto::rpc::{AuthorityError, AuthorityOk, AuthorityRequestBody};
 use shoal_proto::{
     Generation, InstanceId, LifecycleRecord, LifecycleState, NodeId, Revision, ServiceKey,
 };
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::config::Validated;
 
@@ -79,8 +79,8 @@ pub struct Shared {
     pub mesh: RwLock<Mesh<Keyring>>,
     /// Origin of the monotonic ms clock.
     pub origin: tokio::time::Instant,
-    /// View index: bumped on every change of any view (records, liveness, ejections).
-    pub index: watch::Sender<u64>,
+    /// Blocking-query indexes: whole view, members, per service (ADR 0011).
+    pub index: crate::api::ViewIndex,
     /// Local ejections: (instance, generation) -> until (monotonic ms).
     pub ejections: Mutex<HashMap<(InstanceId, Generation), u64>>,
     /// When this agent applied each endpoint's current lifecycle record (written by the driver).
@@ -137,14 +137,15 @@ impl Shared {
         u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// Bumps the view index, waking blocking queries.
+    /// Bumps the whole-view index only (a change that touches no service or member list),
+    /// waking blocking queries on `/v1/services` and `/v1/agent/self`.
     pub fn bump_index(&self) {
-        self.index.send_modify(|i| *i += 1);
+        self.index.bump();
     }
 
-    /// Current view index.
+    /// Current whole-view index.
     pub fn view_index(&self) -> u64 {
-        *self.index.borrow()
+        self.index.current()
     }
 
     /// `stale`: no authority contact or no mesh peer within the staleness budget.

@@ -570,25 +570,83 @@ fn print_endpoints(v: &Value) {
     println!("index {}  stale {}", s(&v["index"]), s(&v["stale"]));
 }
 
+/// What `shoal watch` compares to decide whether to print: the endpoints without the
+/// per-agent timing fields (`applied_at_ms` differs after an agent restart although nothing
+/// about the endpoint changed).
+fn watch_digest(v: &Value) -> Value {
+    let mut eps = v["endpoints"].clone();
+    if let Some(list) = eps.as_array_mut() {
+        for e in list {
+            if let Some(o) = e.as_object_mut() {
+                o.remove("applied_at_ms");
+            }
+        }
+    }
+    eps
+}
+
+/// First and largest reconnect backoff of `shoal watch`, ms.
+const WATCH_BACKOFF_MS: (u64, u64) = (100, 10_000);
+
+/// Follows a service with blocking queries and prints its endpoints whenever they change
+/// (never the same table twice). When the agent goes away (restart, upgrade) it retries with
+/// exponential backoff and full jitter, and resumes from the index it had: indexes never go
+/// backwards across agent restarts (ADR 0011), so the first answer after a restart comes at
+/// once and is printed only if the endpoints differ. Exits on a 4xx answer (bad key, no read
+/// access).
 async fn watch(socket: &Path, key: &str, wait: u64, json_out: bool) -> anyhow::Result<i32> {
     let base = format!("{}/endpoints", key_path(key)?);
     let mut index = 0u64;
+    let mut last: Option<Value> = None;
+    let mut backoff_ms = WATCH_BACKOFF_MS.0;
+    let mut down_since: Option<std::time::Instant> = None;
     loop {
         let path = format!("{base}?index={index}&wait={wait}s");
-        let (status, v) = http::request(socket, "GET", &path, None).await?;
-        if status != 200 {
+        let (status, v) = match http::request(socket, "GET", &path, None).await {
+            Ok(r) => r,
+            Err(e) => {
+                if down_since.is_none() {
+                    eprintln!("agent unreachable ({e:#}); retrying with backoff");
+                    down_since = Some(std::time::Instant::now());
+                }
+                let sleep_ms = shoal_agent::keys::Jitter::new().upto(backoff_ms);
+                tokio::time::sleep(std::time::Duration::from_millis(sleep_ms)).await;
+                backoff_ms = (backoff_ms * 2).min(WATCH_BACKOFF_MS.1);
+                continue;
+            }
+        };
+        if let Some(t) = down_since.take() {
+            eprintln!(
+                "agent back after {:.1} s; resuming",
+                t.elapsed().as_secs_f64()
+            );
+        }
+        backoff_ms = WATCH_BACKOFF_MS.0;
+        if (400..500).contains(&status) {
             return finish(status, &v, json_out, |_| {});
         }
-        let new = v["index"].as_u64().unwrap_or(index);
-        if new != index {
-            if json_out {
-                println!("{}", serde_json::to_string(&v)?);
-            } else {
-                print_endpoints(&v);
-                println!();
-            }
+        if status != 200 {
+            // 5xx (e.g. shutting down): retry like an unreachable agent.
+            eprintln!("agent answered {status}; retrying");
+            let sleep_ms = shoal_agent::keys::Jitter::new().upto(backoff_ms);
+            tokio::time::sleep(std::time::Duration::from_millis(sleep_ms)).await;
+            continue;
         }
-        index = new;
+        // An index that went backwards (an agent older than ADR 0011) restarts the watch.
+        index = v["index"].as_u64().unwrap_or(0);
+        let digest = watch_digest(&v);
+        if last.as_ref() == Some(&digest) {
+            continue;
+        }
+        if json_out {
+            println!("{}", serde_json::to_string(&v)?);
+        } else {
+            print_endpoints(&v);
+            println!();
+        }
+        use std::io::Write as _;
+        std::io::stdout().flush()?;
+        last = Some(digest);
     }
 }
 

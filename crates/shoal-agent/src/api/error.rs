@@ -1,0 +1,108 @@
+//! API errors: the JSON error shape, refusals (403, counted and logged once), write counting.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use metrics::counter;
+use serde_json::{json, Value};
+use shoal_proto::rpc::LocalCaller;
+use shoal_proto::ServiceKey;
+
+use crate::access::Denied;
+use crate::client::CallError;
+use crate::state::Shared;
+
+pub(super) type ApiResult = Result<Response, ApiError>;
+
+/// An API error: status + JSON body.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    body: Value,
+}
+
+impl ApiError {
+    pub(crate) fn bad(reason: &'static str, message: impl Into<String>) -> Self {
+        crate::metrics::rejected("api", reason);
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            body: json!({"error": message.into(), "reason": reason}),
+        }
+    }
+    pub(crate) fn new(status: StatusCode, body: Value) -> Self {
+        Self { status, body }
+    }
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+    /// The JSON body.
+    pub fn body(&self) -> &Value {
+        &self.body
+    }
+}
+
+/// A local refusal: counted, logged once per (caller, route, reason), 403 with the reason.
+pub(super) fn forbidden(
+    shared: &Shared,
+    who: &LocalCaller,
+    route: &'static str,
+    d: Denied,
+) -> ApiError {
+    counter!("shoal_api_refusals_total", "route" => route, "reason" => d.code).increment(1);
+    shared.refusals.log(who, route, &d);
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        json!({"error": d.reason, "reason": d.code, "uid": who.uid, "gid": who.gid}),
+    )
+}
+
+/// Counts one write in `shoal_api_writes_total{route,result}`.
+pub(super) fn count_write<T>(route: &'static str, r: &Result<T, ApiError>) {
+    let result = match r {
+        Ok(_) => "accepted",
+        Err(e) if e.status == StatusCode::FORBIDDEN => "refused",
+        Err(e) if e.status == StatusCode::CONFLICT => "failed",
+        Err(e) if e.status.is_client_error() => "invalid",
+        Err(_) => "failed",
+    };
+    counter!("shoal_api_writes_total", "route" => route, "result" => result).increment(1);
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(self.body)).into_response()
+    }
+}
+
+impl From<CallError> for ApiError {
+    fn from(e: CallError) -> Self {
+        match e {
+            CallError::Unavailable(m) => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"error": "authority unavailable", "detail": m}),
+            ),
+            CallError::Refused { code, reason } => Self::new(
+                StatusCode::CONFLICT,
+                json!({"error": "refused", "code": code, "detail": reason}),
+            ),
+            CallError::Invalid(m) => Self::new(
+                StatusCode::BAD_REQUEST,
+                json!({"error": "invalid request", "detail": m}),
+            ),
+        }
+    }
+}
+
+pub(super) async fn not_found() -> Response {
+    crate::metrics::rejected("api", "not_found");
+    (
+        StatusCode::NOT_FOUND,
+        axum::Json(json!({"error": "no such endpoint; see /v1/openapi.json"})),
+    )
+        .into_response()
+}
+
+pub(super) fn service_key(ns: &str, svc: &str, port: &str) -> Result<ServiceKey, ApiError> {
+    ServiceKey::new(ns, svc, port)
+        .map_err(|e| ApiError::bad("bad_service_key", format!("invalid service key: {e}")))
+}

@@ -1,0 +1,78 @@
+//! The local API: HTTP/1.1 + JSON over a unix socket. `docs/api/openapi.json` is the
+//! reference (served at `/v1/openapi.json`).
+//!
+//! Read paths build views under the mesh read lock and never wait on the authority. Bad input
+//! (malformed JSON, unknown fields, invalid service keys or parameters) gets a 400 with
+//! `{"error": ..., "reason": ...}` and is counted in `shoal_rejected_inputs_total{source="api"}`;
+//! a body over `[api] max_body_bytes` gets 413, one slower than `body_read_timeout_ms` 408.
+//!
+//! Every request carries the caller's [`LocalCaller`](shoal_proto::rpc::LocalCaller) (peer credentials, see
+//! [`crate::listener`]); writes are authorised by [`crate::access`] and refused with 403
+//! `{"error": <sentence>, "reason": <code>}` unless granted. Every write, accepted or refused,
+//! is counted in `shoal_api_writes_total{route,result}` (`result`: `accepted`, `refused` (403),
+//! `invalid` (other 4xx), `failed` (authority refused or unavailable)); local refusals also in
+//! `shoal_api_refusals_total{route,reason}` and logged once per caller, route and reason.
+//! Writes that reach the authority name the caller in its audit log (`on_behalf_of`).
+
+use std::sync::Arc;
+
+use axum::routing::{get, post};
+use axum::Router;
+
+use crate::state::Shared;
+
+mod block;
+mod error;
+mod index;
+mod json;
+mod query;
+mod reads;
+mod register;
+mod writes;
+
+pub(crate) use block::block_on;
+pub use error::ApiError;
+pub use index::{ViewIndex, Watched, MAX_WATCHED_SERVICES};
+pub use json::{endpoint_json, RecordTimes};
+pub(crate) use query::percent_decode;
+pub(crate) use reads::service_view;
+pub use register::{ensure_node_key_bound, register_instance, RegisterBody};
+pub use writes::transition;
+
+use block::*;
+use error::*;
+use json::*;
+use query::*;
+use reads::*;
+use register::*;
+use writes::*;
+
+/// Default largest request body accepted (`[api] max_body_bytes`).
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// Longest local ejection a report may ask for, ms.
+pub const MAX_EJECT_MS: u64 = 10 * 60 * 1000;
+/// The OpenAPI document.
+pub const OPENAPI: &str = include_str!("../../../../docs/api/openapi.json");
+
+/// The API router.
+pub fn router(shared: Arc<Shared>) -> Router {
+    let svc = "/v1/services/{ns}/{svc}/{port}";
+    Router::new()
+        .route("/v1/services", get(services))
+        .route(&format!("{svc}/endpoints"), get(endpoints))
+        .route(&format!("{svc}/pick"), get(pick))
+        .route(&format!("{svc}/report"), post(report))
+        .route(&format!("{svc}/register"), post(register))
+        .route(
+            &format!("{svc}/instances/{{instance}}/{{action}}"),
+            post(lifecycle),
+        )
+        .route("/v1/agent/self", get(agent_self))
+        .route("/v1/agent/members", get(members))
+        .route("/v1/agent/health", get(health))
+        .route("/v1/agent/live", get(crate::health_endpoints::live))
+        .route("/v1/agent/ready", get(crate::health_endpoints::ready))
+        .route("/v1/openapi.json", get(openapi))
+        .fallback(not_found)
+        .with_state(shared)
+}

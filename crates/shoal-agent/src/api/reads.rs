@@ -1,0 +1,297 @@
+//! Read routes: services, endpoints, pick, agent self / members / health, the OpenAPI document.
+
+use std::sync::Arc;
+
+use axum::extract::{Extension, Path, RawQuery, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use metrics::counter;
+use serde_json::{json, Value};
+use shoal_catalog::view::{self, EndpointView};
+use shoal_proto::rpc::LocalCaller;
+use shoal_proto::{LifecycleState, ServiceKey};
+
+use super::*;
+use crate::access::Action;
+use crate::keys::Jitter;
+use crate::state::{Shared, ViewLiveness};
+
+pub(super) async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+/// One endpoint of a view with its record times.
+pub(crate) type TimedView = (EndpointView, RecordTimes);
+
+pub(crate) fn service_view(shared: &Shared, key: &ServiceKey) -> (Vec<TimedView>, u64, u64) {
+    let now = shared.now_ms();
+    let mesh = shared.mesh.read().expect("mesh lock");
+    let ej = shared.ejections.lock().expect("ejections");
+    let times = shared.apply_times.lock().expect("apply times");
+    let liveness = ViewLiveness {
+        mesh: mesh.liveness(),
+        ejections: &ej,
+        now_ms: now,
+    };
+    let v = mesh.catalog().view(key, &liveness);
+    let endpoints = v
+        .endpoints
+        .into_iter()
+        .map(|e| {
+            let t = mesh
+                .catalog()
+                .entry(key, &e.instance)
+                .map(|entry| RecordTimes::of(key, entry, &times))
+                .unwrap_or_default();
+            (e, t)
+        })
+        .collect();
+    (endpoints, v.modify_index, v.catalog_index)
+}
+
+pub(super) async fn services(
+    State(shared): State<Arc<Shared>>,
+    Extension(who): Extension<LocalCaller>,
+    RawQuery(raw): RawQuery,
+) -> ApiResult {
+    let q = parse_query(raw)?;
+    if let Some(index) = q.index {
+        block(&shared, Watched::All, index, q.wait_ms).await;
+    }
+    let index = shared.index.current();
+    let list: Vec<Value> = {
+        let now = shared.now_ms();
+        let mesh = shared.mesh.read().expect("mesh lock");
+        let ej = shared.ejections.lock().expect("ejections");
+        let liveness = ViewLiveness {
+            mesh: mesh.liveness(),
+            ejections: &ej,
+            now_ms: now,
+        };
+        mesh.catalog()
+            .service_keys()
+            .filter(|k| shared.cfg.access.allows(&who, Action::Read, k))
+            .map(|k| {
+                let s = mesh.catalog().service(k);
+                let total = s.map_or(0, |s| {
+                    s.instances
+                        .values()
+                        .filter(|e| e.lifecycle().record.state != LifecycleState::Expired)
+                        .count()
+                });
+                let routable = mesh.catalog().routable(k, &liveness).count();
+                json!({"service": k.to_string(), "endpoints": total, "routable": routable})
+            })
+            .collect()
+    };
+    let mut body = freshness(&shared, index);
+    body.insert("services".into(), Value::Array(list));
+    Ok(with_index(
+        &shared,
+        index,
+        StatusCode::OK,
+        Value::Object(body),
+    ))
+}
+
+pub(super) fn check_read(
+    shared: &Shared,
+    who: &LocalCaller,
+    key: &ServiceKey,
+) -> Result<(), ApiError> {
+    shared
+        .cfg
+        .access
+        .check(who, Action::Read, key)
+        .map_err(|d| forbidden(shared, who, "read", d))
+}
+
+pub(super) async fn endpoints(
+    State(shared): State<Arc<Shared>>,
+    Extension(who): Extension<LocalCaller>,
+    Path((ns, svc, port)): Path<(String, String, String)>,
+    RawQuery(raw): RawQuery,
+) -> ApiResult {
+    let key = service_key(&ns, &svc, &port)?;
+    check_read(&shared, &who, &key)?;
+    let q = parse_query(raw)?;
+    if let Some(index) = q.index {
+        block(&shared, Watched::Service(&key), index, q.wait_ms).await;
+    }
+    // Read before the view: a change racing the read then shows up in the next answer.
+    let index = shared.index.service(&key);
+    let (eps, modify_index, catalog_index) = service_view(&shared, &key);
+    let list: Vec<Value> = eps
+        .iter()
+        .filter(|(e, _)| q.matches(e))
+        .map(|(e, t)| endpoint_json(e, *t))
+        .collect();
+    let mut body = freshness(&shared, index);
+    body.insert("service".into(), json!(key.to_string()));
+    body.insert("modify_index".into(), json!(modify_index));
+    body.insert("catalog_index".into(), json!(catalog_index));
+    body.insert("endpoints".into(), Value::Array(list));
+    Ok(with_index(
+        &shared,
+        index,
+        StatusCode::OK,
+        Value::Object(body),
+    ))
+}
+
+pub(super) async fn pick(
+    State(shared): State<Arc<Shared>>,
+    Extension(who): Extension<LocalCaller>,
+    Path((ns, svc, port)): Path<(String, String, String)>,
+    RawQuery(raw): RawQuery,
+) -> ApiResult {
+    let key = service_key(&ns, &svc, &port)?;
+    check_read(&shared, &who, &key)?;
+    let q = parse_query(raw)?;
+    let r = Jitter::new().next_u64();
+    let index = shared.index.service(&key);
+    let picked = {
+        let now = shared.now_ms();
+        let mesh = shared.mesh.read().expect("mesh lock");
+        let ej = shared.ejections.lock().expect("ejections");
+        let times = shared.apply_times.lock().expect("apply times");
+        let liveness = ViewLiveness {
+            mesh: mesh.liveness(),
+            ejections: &ej,
+            now_ms: now,
+        };
+        let candidates = mesh
+            .catalog()
+            .routable(&key, &liveness)
+            .filter(|e| q.matches(&EndpointView::of(e, &liveness)));
+        view::pick(candidates, &shared.cfg.region, &shared.cfg.zone, false, r).map(|e| {
+            (
+                EndpointView::of(e, &liveness),
+                RecordTimes::of(&key, e, &times),
+            )
+        })
+    };
+    let mut body = freshness(&shared, index);
+    body.insert("service".into(), json!(key.to_string()));
+    match picked {
+        Some((e, t)) => {
+            body.insert("endpoint".into(), endpoint_json(&e, t));
+            Ok(with_index(
+                &shared,
+                index,
+                StatusCode::OK,
+                Value::Object(body),
+            ))
+        }
+        None => {
+            counter!("shoal_no_backend_total", "service" => key.to_string()).increment(1);
+            body.insert("error".into(), json!("no backend"));
+            body.insert(
+                "detail".into(),
+                json!("no READY, healthy, non-ejected endpoint in this region"),
+            );
+            Ok(with_index(
+                &shared,
+                index,
+                StatusCode::SERVICE_UNAVAILABLE,
+                Value::Object(body),
+            ))
+        }
+    }
+}
+
+pub(super) async fn agent_self(State(shared): State<Arc<Shared>>) -> Response {
+    let (identity, members, catalog_len, catalog_index) = {
+        let mesh = shared.mesh.read().expect("mesh lock");
+        (
+            mesh.membership().identity().clone(),
+            mesh.membership().num_members(),
+            mesh.catalog().len(),
+            mesh.catalog().index(),
+        )
+    };
+    let st = shared.status.lock().expect("status").clone();
+    let mut body = freshness(&shared, shared.view_index());
+    body.insert("node".into(), json!(identity.node.as_str()));
+    body.insert("region".into(), json!(shared.cfg.region.as_str()));
+    body.insert("zone".into(), json!(shared.cfg.zone.as_str()));
+    body.insert("address".into(), json!(identity.addr.to_string()));
+    body.insert("boot".into(), json!(identity.boot.0));
+    body.insert("node_key".into(), json!(shared.node_key_hex));
+    body.insert(
+        "node_key_bound".into(),
+        json!(shared
+            .node_key_bound
+            .load(std::sync::atomic::Ordering::Acquire)),
+    );
+    body.insert("active".into(), json!(st.active));
+    body.insert("members".into(), json!(members));
+    body.insert("catalog_entries".into(), json!(catalog_len));
+    body.insert("catalog_index".into(), json!(catalog_index));
+    body.insert("version".into(), json!(env!("CARGO_PKG_VERSION")));
+    body.insert("dev_authority".into(), json!(shared.cfg.raw.authority.dev));
+    if shared.cfg.access.dev_allow_all() {
+        body.insert(
+            "dev_access_warning".into(),
+            json!("DEVELOPMENT ACCESS POLICY IN USE ([access] dev_allow_all): every local caller may write anything"),
+        );
+    }
+    if let Some(k) = &shared.dev_authority_key_hex {
+        body.insert(
+            "dev_authority_warning".into(),
+            json!("DEVELOPMENT AUTHORITY IN USE: well-known INSECURE key, not for production"),
+        );
+        body.insert("dev_authority_key".into(), json!(k));
+    }
+    with_index(
+        &shared,
+        shared.view_index(),
+        StatusCode::OK,
+        Value::Object(body),
+    )
+}
+
+pub(super) async fn members(
+    State(shared): State<Arc<Shared>>,
+    RawQuery(raw): RawQuery,
+) -> ApiResult {
+    let q = parse_query(raw)?;
+    if let Some(index) = q.index {
+        block(&shared, Watched::Members, index, q.wait_ms).await;
+    }
+    let index = shared.index.members();
+    let list = crate::members_view::member_rows(&shared);
+    let mut body = freshness(&shared, index);
+    body.insert("members".into(), Value::Array(list));
+    Ok(with_index(
+        &shared,
+        index,
+        StatusCode::OK,
+        Value::Object(body),
+    ))
+}
+
+pub(super) async fn health(State(shared): State<Arc<Shared>>) -> Response {
+    let st = shared.status.lock().expect("status").clone();
+    let stale = shared.is_stale();
+    let members = shared
+        .mesh
+        .read()
+        .expect("mesh lock")
+        .membership()
+        .num_members();
+    let ok = !stale && st.authority_error.is_none() && st.persist_error.is_none();
+    let mut body = freshness(&shared, shared.view_index());
+    body.insert("status".into(), json!(if ok { "ok" } else { "degraded" }));
+    body.insert("active".into(), json!(st.active));
+    body.insert("members".into(), json!(members));
+    body.insert("authority_error".into(), json!(st.authority_error));
+    body.insert("persist_error".into(), json!(st.persist_error));
+    body.insert("refused_snapshots".into(), json!(st.refused_snapshots));
+    let code = if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    with_index(&shared, shared.view_index(), code, Value::Object(body))
+}

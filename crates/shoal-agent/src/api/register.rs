@@ -1,0 +1,368 @@
+//! Registration: the request body, ownership / address / probe checks, forwarding to the authority.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Extension, Path, State};
+use axum::http::StatusCode;
+use serde::Deserialize;
+use serde_json::json;
+use shoal_proto::rpc::{AuthorityRequestBody, LocalCaller};
+use shoal_proto::{
+    EndpointSpec, InstanceId, LabelDimension, Labels, LifecycleState, ServiceKey, Version, Zone,
+};
+
+use super::*;
+use crate::access::{Action, Denied, Owner};
+use crate::client::{self, CallError};
+use crate::probes::{ExecAs, ProbeSet};
+use crate::state::Shared;
+
+/// `POST .../register` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterBody {
+    /// Stable instance id.
+    pub instance: String,
+    /// `ip:port`.
+    pub address: SocketAddr,
+    /// Version.
+    #[serde(default = "crate::config::default_version")]
+    pub version: String,
+    /// Weight.
+    #[serde(default = "crate::config::default_weight")]
+    pub weight: u32,
+    /// Zone (default: the agent's).
+    #[serde(default)]
+    pub zone: Option<String>,
+    /// Labels by dimension name.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Lease, ms (default from config).
+    #[serde(default)]
+    pub lease_ms: Option<u32>,
+    /// Health probes.
+    #[serde(default)]
+    pub probes: ProbeSet,
+}
+
+pub(super) fn endpoint_spec(shared: &Shared, b: &RegisterBody) -> Result<EndpointSpec, ApiError> {
+    let zone = match &b.zone {
+        Some(z) => Zone::new(z.clone()).map_err(|e| ApiError::bad("bad_zone", e.to_string()))?,
+        None => shared.cfg.zone.clone(),
+    };
+    let mut labels = Vec::new();
+    for (d, v) in &b.labels {
+        let dim = LabelDimension::parse(d)
+            .ok_or_else(|| ApiError::bad("bad_label", format!("unknown label dimension `{d}`")))?;
+        labels.push((dim, v.clone()));
+    }
+    let spec = EndpointSpec {
+        address: b.address,
+        zone,
+        version: Version::new(b.version.clone())
+            .map_err(|e| ApiError::bad("bad_version", e.to_string()))?,
+        weight: b.weight,
+        labels: Labels::new(labels).map_err(|e| ApiError::bad("bad_label", e.to_string()))?,
+    };
+    spec.validate()
+        .map_err(|e| ApiError::bad("bad_endpoint", e.to_string()))?;
+    Ok(spec)
+}
+
+pub(super) async fn register(
+    State(shared): State<Arc<Shared>>,
+    Extension(who): Extension<LocalCaller>,
+    Path((ns, svc, port)): Path<(String, String, String)>,
+    body: Body,
+) -> ApiResult {
+    let r = register_inner(&shared, &who, &ns, &svc, &port, body).await;
+    count_write("register", &r);
+    r
+}
+
+pub(super) async fn register_inner(
+    shared: &Arc<Shared>,
+    who: &LocalCaller,
+    ns: &str,
+    svc: &str,
+    port: &str,
+    body: Body,
+) -> ApiResult {
+    let key = service_key(ns, svc, port)?;
+    shared
+        .cfg
+        .access
+        .check(who, Action::Register, &key)
+        .map_err(|d| forbidden(shared, who, "register", d))?;
+    let b: RegisterBody = read_json(shared, body).await?;
+    b.probes
+        .validate()
+        .map_err(|e| ApiError::bad("bad_probe", e))?;
+    let (records, generation) = register_instance(shared, key.clone(), &b, Some(who)).await?;
+    Ok(with_index(
+        shared,
+        shared.view_index(),
+        StatusCode::OK,
+        json!({"service": key.to_string(), "instance": b.instance, "generation": generation, "records": records}),
+    ))
+}
+
+/// Who may change `instance` of `key`: its owner (with `change_own`, or `register` when
+/// `action` is a re-registration), or an orchestrator / admin of `key`.
+pub(super) fn check_owner(
+    shared: &Shared,
+    who: &LocalCaller,
+    key: &ServiceKey,
+    instance: &InstanceId,
+    own_action: Action,
+    route: &'static str,
+) -> Result<(), ApiError> {
+    let policy = &shared.cfg.access;
+    let deny = |d| Err(forbidden(shared, who, route, d));
+    let on_this_node = || {
+        let mesh = shared.mesh.read().expect("mesh lock");
+        mesh.catalog().entry(key, instance).is_some_and(|e| {
+            let r = &e.lifecycle().record;
+            r.owner == shared.cfg.node_id && r.state != LifecycleState::Expired
+        })
+    };
+    match shared.owners.get(key, instance.as_str()) {
+        Some(o) if o.uid == who.uid => policy
+            .check(who, own_action, key)
+            .or_else(deny),
+        Some(o) if !policy.allows(who, Action::ChangeOthers, key) => deny(Denied {
+            code: "not_owner",
+            reason: format!(
+                "instance `{instance}` of {key} is owned by uid {}; uid {} may not change it (needs ownership, or orchestrator/admin)",
+                o.uid, who.uid
+            ),
+        }),
+        None if own_action == Action::ChangeOwn || on_this_node() => {
+            if policy.allows(who, Action::ChangeOthers, key) {
+                Ok(())
+            } else {
+                deny(Denied {
+                    code: "owner_unknown",
+                    reason: format!(
+                        "instance `{instance}` of {key} has no recorded owner on this agent; only an orchestrator or admin may change it"
+                    ),
+                })
+            }
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Refuses to register `addr` for `who` while a live (not EXPIRED) instance of this node at the
+/// same address is owned by another uid, unless `who` may change that instance (orchestrator or
+/// admin of its service). Without this, a caller allowed to register anything could take over
+/// another application's traffic by registering a fresh instance id at that application's
+/// address. Instances of other nodes are not checked here: the agent cannot tell a moved
+/// address from a stolen one (a region-wide check belongs to the authority; a known gap).
+pub(super) fn check_address(
+    shared: &Shared,
+    who: &LocalCaller,
+    key: &ServiceKey,
+    instance: &InstanceId,
+    addr: std::net::SocketAddr,
+) -> Result<(), ApiError> {
+    let holder = {
+        let mesh = shared.mesh.read().expect("mesh lock");
+        let found = mesh
+            .catalog()
+            .entries()
+            .filter(|(k, i, _)| !(*k == key && *i == instance))
+            .filter(|(_, _, e)| {
+                let r = &e.lifecycle().record;
+                r.owner == shared.cfg.node_id
+                    && r.state != LifecycleState::Expired
+                    && r.endpoint.address == addr
+            })
+            .find_map(|(k, i, _)| {
+                let o = shared.owners.get(k, i.as_str())?;
+                (o.uid != who.uid && !shared.cfg.access.allows(who, Action::ChangeOthers, k))
+                    .then(|| (k.clone(), i.clone(), o.uid))
+            });
+        found
+    };
+    match holder {
+        None => Ok(()),
+        Some((k, i, uid)) => Err(forbidden(
+            shared,
+            who,
+            "register",
+            Denied {
+                code: "address_in_use",
+                reason: format!(
+                    "address {addr} is registered by instance `{i}` of {k}, owned by uid {uid}; uid {} may not register it (needs orchestrator/admin)",
+                    who.uid
+                ),
+            },
+        )),
+    }
+}
+
+/// Refuses probes the caller may not register: exec probes while disabled or for another uid
+/// on a non-root agent, HTTP/TCP probes aimed anywhere but the instance's own address.
+pub(super) fn check_probes(
+    shared: &Shared,
+    who: Option<&LocalCaller>,
+    b: &RegisterBody,
+) -> Result<(), ApiError> {
+    b.probes
+        .check_targets(b.address)
+        .map_err(|e| ApiError::bad("probe_target", e))?;
+    if !b.probes.has_exec() {
+        return Ok(());
+    }
+    let Some(who) = who else { return Ok(()) }; // the agent's own config (checked at load)
+    if !shared.cfg.raw.probes.allow_exec {
+        return Err(forbidden(
+            shared,
+            who,
+            "register",
+            Denied {
+                code: "exec_probes_disabled",
+                reason: "exec probes are disabled on this agent ([probes] allow_exec = false); use an http or tcp probe".into(),
+            },
+        ));
+    }
+    if shared.cfg.agent_uid != 0 && who.uid != shared.cfg.agent_uid {
+        return Err(forbidden(
+            shared,
+            who,
+            "register",
+            Denied {
+                code: "exec_probe_uid",
+                reason: format!(
+                    "this agent runs as uid {} (not root) and cannot run an exec probe as uid {}",
+                    shared.cfg.agent_uid, who.uid
+                ),
+            },
+        ));
+    }
+    Ok(())
+}
+
+/// Makes sure the authority has bound this node's key (ADR 0006) since start; publishes the
+/// records it re-issued, if any. Cheap once bound.
+///
+/// # Errors
+/// [`CallError`] when the authority is unavailable or refuses (a revoked node).
+pub async fn ensure_node_key_bound(shared: &Arc<Shared>) -> Result<(), CallError> {
+    use std::sync::atomic::Ordering;
+    if shared.node_key_bound.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    let body = AuthorityRequestBody::BindNodeKey {
+        key: shared.node_public_key,
+    };
+    let reissued = publish(shared, client::call(shared, body).await?)
+        .await
+        .len();
+    if !shared.node_key_bound.swap(true, Ordering::AcqRel) {
+        tracing::info!(
+            reissued,
+            node_key = %shared.node_key_hex,
+            "node key bound at the authority"
+        );
+    }
+    Ok(())
+}
+
+/// Registers an instance through the authority, publishes the result and starts its probes.
+/// `who`: the local caller (`None`: the agent itself, for `[[instances]]` of its config); the
+/// caller becomes the instance's owner.
+///
+/// # Errors
+/// [`ApiError`] for bad input, a refusal of the local policy, or an unavailable / refusing
+/// authority.
+pub async fn register_instance(
+    shared: &Arc<Shared>,
+    key: ServiceKey,
+    b: &RegisterBody,
+    who: Option<&LocalCaller>,
+) -> Result<(usize, u64), ApiError> {
+    let instance = InstanceId::new(b.instance.clone())
+        .map_err(|e| ApiError::bad("bad_instance", format!("invalid instance id: {e}")))?;
+    if let Some(who) = who {
+        check_owner(shared, who, &key, &instance, Action::Register, "register")?;
+    }
+    check_probes(shared, who, b)?;
+    let endpoint = endpoint_spec(shared, b)?;
+    let addr = endpoint.address;
+    if let Some(who) = who {
+        check_address(shared, who, &key, &instance, addr)?;
+    }
+    // Our records must carry our key, or our health verifies nowhere else. If binding fails
+    // now, the registration is still tried; the background binder re-issues it later.
+    if let Err(e) = ensure_node_key_bound(shared).await {
+        tracing::warn!(error = %e, "node key not bound yet; registering anyway");
+    }
+    let body = AuthorityRequestBody::Register {
+        key: key.clone(),
+        instance: instance.clone(),
+        on_node: None,
+        endpoint,
+        lease_ms: b.lease_ms.unwrap_or(shared.cfg.raw.authority.lease_ms),
+    };
+    let owner = who.map_or(
+        Owner {
+            uid: shared.cfg.agent_uid,
+            gid: nix::unistd::getegid().as_raw(),
+        },
+        |w| Owner {
+            uid: w.uid,
+            gid: w.gid,
+        },
+    );
+    // Claim the instance id before forwarding, so two callers racing for one id cannot both
+    // pass the ownership check; a failed registration gives the claim back.
+    let may_take_over = who.is_none_or(|w| shared.cfg.access.allows(w, Action::ChangeOthers, &key));
+    let claim = match shared
+        .owners
+        .claim(&key, instance.as_str(), owner, may_take_over)
+    {
+        Ok(c) => c,
+        Err(other) => {
+            let who = who.expect("the agent itself may always take over");
+            return Err(forbidden(
+                shared,
+                who,
+                "register",
+                Denied {
+                    code: "not_owner",
+                    reason: format!(
+                        "instance `{instance}` of {key} is owned by uid {}; uid {} may not change it (needs ownership, or orchestrator/admin)",
+                        other.uid, who.uid
+                    ),
+                },
+            ));
+        }
+    };
+    let records = match client::call_for(shared, body, who.cloned()).await {
+        Ok(ok) => publish(shared, ok).await,
+        Err(e) => {
+            shared.owners.release(&key, instance.as_str(), claim);
+            return Err(e.into());
+        }
+    };
+    let generation = records
+        .iter()
+        .rev()
+        .find(|r| r.record.instance == instance)
+        .map(|r| r.record.generation);
+    let exec_as = who
+        .filter(|w| w.uid != shared.cfg.agent_uid)
+        .map(|w| ExecAs {
+            uid: w.uid,
+            gid: w.gid,
+        });
+    if let Some(g) = generation {
+        crate::agent::start_probes(shared, key, instance, g, addr, b.probes.clone(), exec_as);
+    }
+    Ok((records.len(), generation.map_or(0, |g| g.0)))
+}

@@ -1,0 +1,233 @@
+//! HELP and TYPE of every metric the agent emits (`metrics::describe_*`), zero values for the
+//! metrics REQUIREMENTS.md names (so they exist from the first scrape, before their first
+//! event), `shoal_build_info`, and the standard `process_*` metrics read from `/proc/self`.
+//!
+//! `promtool check metrics` runs on a real scrape in CI (`tests/callers/run.sh`). A metric added
+//! elsewhere without a line here shows up there without HELP and fails that check.
+
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, Unit};
+
+/// (name, help) of every counter.
+const COUNTERS: &[(&str, &str)] = &[
+    ("shoal_anti_entropy_rounds_total", "Anti-entropy rounds started with a random member."),
+    ("shoal_api_accept_errors_total", "Local API accept() failures (e.g. EMFILE); the agent backs off 20 ms."),
+    ("shoal_api_connections_closed_total", "Local API connections closed by the agent, by why (header_timeout, error)."),
+    ("shoal_api_connections_refused_total", "Local API connections refused at accept, by why (per_uid 429, total 503, no_peer_cred)."),
+    ("shoal_api_index_overflow_total", "Blocking queries that followed the whole-view index because the per-service index table was full."),
+    ("shoal_api_refusal_logs_suppressed_total", "Refused local writes not logged again (logged once per caller, route and reason)."),
+    ("shoal_api_refusals_total", "Local API requests refused by the [access] policy, by route and reason."),
+    ("shoal_api_writes_total", "Local API writes by route and result (accepted, refused, invalid, failed)."),
+    ("shoal_apply_times_dropped_total", "Apply times not recorded because the apply-time map was full."),
+    ("shoal_audit_write_failures_total", "Development authority audit-log writes that failed."),
+    ("shoal_authority_writes_total", "Registration and lifecycle writes sent to the region authority, by op and result."),
+    ("shoal_catalog_merges_total", "Catalog merges of received records, by outcome (applied, stale, duplicate)."),
+    ("shoal_consul_accept_errors_total", "Consul-compatible port accept() failures."),
+    ("shoal_consul_connections_refused_total", "Consul-compatible port connections closed at accept over [consul] max_connections."),
+    ("shoal_dns_queries_total", "DNS queries answered, by response code (NOERROR includes NODATA)."),
+    ("shoal_full_snapshot_fallbacks_total", "Full snapshots installed after a gap, failed validation or expired delta retention."),
+    ("shoal_full_snapshots_refused_total", "Full snapshots refused (bad checksum, signature or heads)."),
+    ("shoal_health_flaps_total", "Health records applied that report failing readiness."),
+    ("shoal_lifecycle_transitions_total", "Lifecycle records applied to this agent's catalog, by target state."),
+    ("shoal_liveness_failures_total", "Liveness probe failures of local instances (restart signals)."),
+    ("shoal_local_ejections_total", "Local, temporary ejections after failure reports, by outcome."),
+    ("shoal_mesh_bytes_total", "Mesh stream bytes by direction and message kind."),
+    ("shoal_mesh_messages_total", "Mesh stream messages by direction and message kind."),
+    ("shoal_mesh_overflow_total", "Mesh queue overflows by queue (outbox, transmit, event); the item is dropped."),
+    ("shoal_no_backend_total", "Pick requests answered \"no backend\" (503), by service."),
+    ("shoal_persist_total", "Snapshot persistence attempts by result."),
+    ("shoal_probe_exec_total", "Exec probe incidents by result (spawn_error, timeout_killed)."),
+    ("shoal_probes_total", "Health probes run, by kind and result."),
+    ("shoal_push_pull_lists_total", "Membership push-pull lists, by outcome (sent, limited)."),
+    ("shoal_reconnects_total", "Reconnects, by what (mesh, rejoin, authority, join_attempt)."),
+    ("shoal_rejected_inputs_total", "Inputs rejected, by source and reason; nothing of them is applied."),
+    ("shoal_renewal_writes_total", "Lease renewal writes sent to the authority; always 0: liveness comes from SWIM, not renewals."),
+    ("shoal_requests_to_removed_endpoints_total", "Failure or success reports about endpoints no longer routable or unknown here."),
+    ("shoal_revision_gaps_total", "Revision gaps detected in an origin's sequence."),
+    ("shoal_snapshot_load_refused_total", "Persisted snapshots refused at boot (torn, truncated or failing checksum)."),
+    ("shoal_stale_endpoint_failures_total", "Connection failures reported against endpoints no longer routable or unknown here."),
+    ("shoal_swim_bytes_total", "SWIM datagram bytes by direction."),
+    ("shoal_swim_datagrams_total", "SWIM datagrams by direction."),
+    ("shoal_swim_identity_conflicts_total", "SWIM identity conflicts (same node, different identity)."),
+    ("shoal_swim_members_learned_total", "Members learned through membership push-pull."),
+    ("shoal_swim_rejoins_total", "Times this agent renewed its identity after being declared down."),
+    ("shoal_swim_updates_deduplicated_total", "Repeated SWIM updates dropped before foca."),
+    ("shoal_tls_reloads_total", "TLS material reloads on SIGHUP, by result (ok, error)."),
+    ("shoal_transport_bytes_total", "QUIC transport bytes by direction."),
+    ("shoal_transport_connects_failed_total", "QUIC connection attempts that failed."),
+    ("shoal_transport_dropped_total", "QUIC messages dropped, by why (oversize, queue, inbound)."),
+    ("shoal_transport_handshakes_refused_total", "Inbound QUIC handshakes refused (mTLS verification failed)."),
+];
+
+/// (name, help) of every gauge.
+const GAUGES: &[(&str, &str)] = &[
+    (
+        "shoal_api_connection_cap",
+        "Local API connection caps in force, by scope (total, per_uid).",
+    ),
+    ("shoal_api_connections", "Open local API connections."),
+    (
+        "shoal_authority_contact_age_seconds",
+        "Seconds since the last answer of the region authority.",
+    ),
+    (
+        "shoal_catalog_entries",
+        "Catalog entries held (tombstones included).",
+    ),
+    (
+        "shoal_members",
+        "SWIM members by state (alive, suspect, down).",
+    ),
+    (
+        "shoal_ready_endpoints",
+        "Routable (READY, healthy, owner up, not ejected) endpoints per service.",
+    ),
+    (
+        "shoal_snapshot_age_seconds",
+        "Age of the data served: 0 while peers are connected.",
+    ),
+    (
+        "shoal_tls_cert_expiry_seconds",
+        "Seconds until the current certificate's notAfter.",
+    ),
+    ("shoal_transport_connections", "Open QUIC connections."),
+    (
+        "shoal_view_stale",
+        "1 when the view is stale (no authority or peer contact within the staleness budget).",
+    ),
+    (
+        "shoal_build_info",
+        "Always 1; labels name the build (version).",
+    ),
+    (
+        "process_resident_memory_bytes",
+        "Resident memory size in bytes (/proc/self/statm).",
+    ),
+    (
+        "process_virtual_memory_bytes",
+        "Virtual memory size in bytes (/proc/self/statm).",
+    ),
+    ("process_open_fds", "Open file descriptors (/proc/self/fd)."),
+    (
+        "process_max_fds",
+        "Soft limit of open file descriptors (RLIMIT_NOFILE).",
+    ),
+    (
+        "process_start_time_seconds",
+        "Start time of the process since the Unix epoch, seconds.",
+    ),
+    (
+        "process_threads",
+        "Threads of the process (/proc/self/stat).",
+    ),
+];
+
+/// (name, help) of every histogram (seconds).
+const HISTOGRAMS: &[(&str, &str)] = &[
+    (
+        "shoal_authority_rpc_seconds",
+        "Latency of authority RPCs (catalog write latency), by op.",
+    ),
+    (
+        "shoal_probe_duration_seconds",
+        "Health probe latency, by kind.",
+    ),
+    (
+        "shoal_watch_lag_seconds",
+        "Authority commit (its wall clock) to applied on this agent (ours).",
+    ),
+];
+
+/// Counters REQUIREMENTS.md names, with the label sets registered at zero.
+const REQUIRED_ZERO: &[(&str, &[(&str, &str)])] = &[
+    ("shoal_renewal_writes_total", &[]),
+    ("shoal_health_flaps_total", &[]),
+    ("shoal_revision_gaps_total", &[]),
+    ("shoal_full_snapshot_fallbacks_total", &[]),
+    ("shoal_requests_to_removed_endpoints_total", &[]),
+    ("shoal_stale_endpoint_failures_total", &[]),
+    // Per-service series appear with each service's `shoal_ready_endpoints` (driver); this
+    // unlabelled one stays 0 so the family exists before any service does.
+    ("shoal_no_backend_total", &[]),
+    ("shoal_reconnects_total", &[("what", "mesh")]),
+    ("shoal_reconnects_total", &[("what", "authority")]),
+    (
+        "shoal_authority_writes_total",
+        &[("op", "register"), ("result", "ok")],
+    ),
+    ("shoal_lifecycle_transitions_total", &[("to", "READY")]),
+    ("shoal_lifecycle_transitions_total", &[("to", "DRAINING")]),
+];
+
+/// Describes every metric and registers the required ones at zero. Call once after the
+/// recorder is installed.
+pub fn describe_all() {
+    for (name, help) in COUNTERS {
+        describe_counter!(*name, *help);
+    }
+    for (name, help) in GAUGES {
+        let unit = if name.ends_with("_bytes") {
+            Unit::Bytes
+        } else if name.ends_with("_seconds") {
+            Unit::Seconds
+        } else {
+            Unit::Count
+        };
+        describe_gauge!(*name, unit, *help);
+    }
+    for (name, help) in HISTOGRAMS {
+        describe_histogram!(*name, Unit::Seconds, *help);
+        // A registered histogram renders (empty buckets) before its first observation.
+        let _ = metrics::histogram!(*name);
+    }
+    for (name, labels) in REQUIRED_ZERO {
+        let labels: Vec<metrics::Label> = labels
+            .iter()
+            .map(|(k, v)| metrics::Label::new(*k, *v))
+            .collect();
+        counter!(*name, labels).increment(0);
+    }
+    gauge!("shoal_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    record_process();
+}
+
+/// Sets the `process_*` gauges from `/proc/self` (Linux); leaves them unset elsewhere.
+pub fn record_process() {
+    let page = 4096.0;
+    if let Ok(statm) = std::fs::read_to_string("/proc/self/statm") {
+        let mut it = statm
+            .split_whitespace()
+            .map(|v| v.parse::<f64>().unwrap_or(0.0));
+        let (size, resident) = (it.next().unwrap_or(0.0), it.next().unwrap_or(0.0));
+        gauge!("process_virtual_memory_bytes").set(size * page);
+        gauge!("process_resident_memory_bytes").set(resident * page);
+    }
+    if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
+        gauge!("process_open_fds").set(dir.count() as f64);
+    }
+    if let Ok((soft, _)) = rlimit::getrlimit(rlimit::Resource::NOFILE) {
+        gauge!("process_max_fds").set(soft as f64);
+    }
+    if let Ok(stat) = std::fs::read_to_string("/proc/self/stat") {
+        // Fields after the parenthesised command name; `threads` is field 20, `starttime`
+        // (clock ticks after boot) field 22 (proc(5)).
+        if let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) {
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            if let Some(t) = f.get(17).and_then(|v| v.parse::<f64>().ok()) {
+                gauge!("process_threads").set(t);
+            }
+            if let (Some(start), Some(btime)) =
+                (f.get(19).and_then(|v| v.parse::<f64>().ok()), boot_time())
+            {
+                // USER_HZ is 100 on every Linux ABI the agent targets.
+                gauge!("process_start_time_seconds").set(btime + start / 100.0);
+            }
+        }
+    }
+}
+
+fn boot_time() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/stat").ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("btime "))
+        .and_then(|v| v.trim().parse().ok())
+}
