@@ -34,6 +34,10 @@
 //! [probes]
 //! allow_exec = false                # exec probes refused unless true (they run as the registrant)
 //!
+//! [xds]                             # opt-in xDS server for Envoy / proxyless gRPC (docs/api/xds.md)
+//! enabled = false
+//! listen = "127.0.0.1:18000"
+//!
 //! [access]                          # who may write (see `crate::access`); writes fail closed
 //! reads = "open"                    # or "granted"
 //! [[access.grants]]
@@ -165,6 +169,9 @@ pub struct AgentConfig {
     /// Instances declared in the file (registered at start).
     #[serde(default)]
     pub instances: Vec<InstanceConfig>,
+    /// `[xds]`: the opt-in xDS (ADS) server for Envoy and proxyless gRPC (crate `shoal-xds`).
+    #[serde(default)]
+    pub xds: shoal_xds::XdsConfig,
 }
 
 fn default_socket() -> PathBuf {
@@ -650,6 +657,17 @@ pub fn validate(raw: AgentConfig) -> Result<Validated, ConfigError> {
             return Err(invalid(
                 "metrics",
                 format!("{m} is not a loopback address (set metrics_allow_non_loopback = true to force)"),
+            ));
+        }
+    }
+    if raw.xds.enabled {
+        raw.xds
+            .validate()
+            .map_err(|e| invalid("xds", e.to_string()))?;
+        if raw.access.reads == crate::access::ReadAccess::Granted {
+            return Err(invalid(
+                "xds.enabled",
+                "the xDS port has no caller identity, so it cannot honour [access] reads = \"granted\"",
             ));
         }
     }

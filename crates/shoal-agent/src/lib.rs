@@ -8,7 +8,7 @@
 //! Modules, in boot order: [`config`] (TOML, validated), [`keys`] (data dir: node key, boot
 //! generation), [`persist`] (snapshots), [`agent`] (boot and tasks), [`driver`] (the one task
 //! that owns the mesh), [`client`] (authority RPC), [`dev_authority`], [`listener`] (local socket connections),
-//! [`access`] (who may do what), [`api`], [`probes`], [`metrics`].
+//! [`access`] (who may do what), [`api`], [`probes`], [`metrics`], [`xds`] (opt-in xDS server).
 
 pub mod access;
 pub mod agent;
@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod persist;
 pub mod probes;
 pub mod state;
+pub mod xds;
 
 pub use agent::{run, run_until};
 pub use config::{load, AgentConfig, Overrides, Validated};
