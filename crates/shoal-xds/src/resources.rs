@@ -334,7 +334,10 @@ mod tests {
         }
     }
 
-    fn summary(cla: &ClusterLoadAssignment) -> Vec<(u32, String, Vec<(String, i32)>, u32)> {
+    /// (priority, zone, [(hostname, health)], locality weight) per locality.
+    type Summary = Vec<(u32, String, Vec<(String, i32)>, u32)>;
+
+    fn summary(cla: &ClusterLoadAssignment) -> Summary {
         cla.endpoints
             .iter()
             .map(|l| {
