@@ -833,4 +833,31 @@ dev = true
         assert!(err.contains("trust.node_keys"), "{err}");
         assert!(err.contains("0006-node-keys-in-lifecycle-records"), "{err}");
     }
+
+    #[test]
+    fn xds_is_off_by_default_loopback_only_and_refused_with_granted_reads() {
+        let base = validate(toml::from_str(BASE).unwrap()).unwrap();
+        assert!(!base.raw.xds.enabled);
+        let on = format!("{BASE}\n[xds]\nenabled = true\n");
+        let v = validate(toml::from_str(&on).unwrap()).unwrap();
+        assert_eq!(v.raw.xds.listen.to_string(), "127.0.0.1:18000");
+        let err = |text: &str| {
+            validate(toml::from_str(text).unwrap())
+                .map(|_| ())
+                .unwrap_err()
+                .to_string()
+        };
+        let wide = format!("{on}listen = \"0.0.0.0:18000\"\n");
+        assert!(
+            err(&wide).contains("not a loopback address"),
+            "{}",
+            err(&wide)
+        );
+        let granted = format!("{on}\n[access]\nreads = \"granted\"\n");
+        assert!(
+            err(&granted).contains("no caller identity"),
+            "{}",
+            err(&granted)
+        );
+    }
 }
