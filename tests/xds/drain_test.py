@@ -303,6 +303,9 @@ listen = "127.0.0.1:{xds_port}"
         def total(name, *labels):
             return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                        if line.startswith(name) and all(lb in line for lb in labels))
+        check("the xDS metrics are described (HELP) and the NACK counters exist",
+              "# HELP shoal_xds_nacks_total" in text
+              and all(f'shoal_xds_nacks_total{{type="{t}"}}' in text for t in ("lds", "rds", "cds", "eds")))
         acks, nacks = total("shoal_xds_requests_total", 'kind="ack"'), total("shoal_xds_nacks_total")
         eds = total("shoal_xds_responses_total", 'type="eds"')
         summary.update({"acks": acks, "nacks": nacks, "eds_responses": eds})

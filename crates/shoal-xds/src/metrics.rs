@@ -42,8 +42,13 @@ pub fn describe() {
             "shoal_xds_requests_refused_total",
             "xDS requests refused, by reason (unknown_type, too_many_names)."
         );
+        // Present from the first scrape, so "no NACK" reads as 0, not as a missing series.
         gauge!("shoal_xds_streams").set(0.0);
         counter!("shoal_xds_streams_refused_total").absolute(0);
+        for ty in ResourceType::ALL {
+            counter!("shoal_xds_nacks_total", "type" => ty.label()).absolute(0);
+            counter!("shoal_xds_responses_total", "type" => ty.label()).absolute(0);
+        }
     });
 }
 
