@@ -213,7 +213,9 @@ impl StreamTask {
             tokio::select! {
                 msg = inbound.message() => match msg {
                     Ok(Some(req)) => {
-                        let view = self.views.borrow_and_update().clone();
+                        // `borrow`, not `borrow_and_update`: a view that arrived with this
+                        // request must still be pushed to the stream's other types.
+                        let view = self.views.borrow().clone();
                         if !self.on_request(&req, &view, &mut refused_logged).await {
                             return;
                         }
