@@ -8,8 +8,8 @@
 //!    sized below it ([`crate::listener`]);
 //! 6. tasks: the driver, auto-join (backoff with full jitter until Active, again after Idle),
 //!    authority status ping, the local API on the unix socket (peer credentials, `[access]`
-//!    policy, caps and timeouts), `/metrics`, and registration of the instances declared in
-//!    the config file;
+//!    policy, caps and timeouts), `/metrics`, the opt-in xDS server ([`crate::xds`]), and
+//!    registration of the instances declared in the config file;
 //! 7. on SIGHUP: the TLS certificate, key and CA bundle are read again and, if they pass every
 //!    check, used for new connections (`shoal_transport::tls`); a bad file is refused and
 //!    counted (`shoal_tls_reloads_total{result="error"}`), the old material stays;
@@ -245,6 +245,7 @@ pub async fn run_until(
             let _ = axum::serve(l, app).await;
         }));
     }
+    tasks.extend(crate::xds::spawn(shared.clone()).await?);
     tracing::info!(socket = %socket.display(), "local API listening");
     notify_service_manager(&[
         sd_notify::NotifyState::Ready,

@@ -42,6 +42,10 @@
 //! [probes]
 //! allow_exec = false                # exec probes refused unless true (they run as the registrant)
 //!
+//! [xds]                             # opt-in xDS server for Envoy / proxyless gRPC (docs/api/xds.md)
+//! enabled = false
+//! listen = "127.0.0.1:18000"
+//!
 //! [access]                          # who may write (see `crate::access`); writes fail closed
 //! reads = "open"                    # or "granted"
 //! [[access.grants]]
@@ -179,6 +183,9 @@ pub struct AgentConfig {
     /// Instances declared in the file (registered at start).
     #[serde(default)]
     pub instances: Vec<InstanceConfig>,
+    /// `[xds]`: the opt-in xDS (ADS) server for Envoy and proxyless gRPC (crate `shoal-xds`).
+    #[serde(default)]
+    pub xds: shoal_xds::XdsConfig,
 }
 
 fn default_socket() -> PathBuf {
@@ -676,6 +683,17 @@ pub fn validate(raw: AgentConfig) -> Result<Validated, ConfigError> {
     .map_err(|(field, message)| invalid(field, message))?;
     crate::dns::validate(&raw.dns, raw.access.reads)
         .map_err(|(field, message)| invalid(field, message))?;
+    if raw.xds.enabled {
+        raw.xds
+            .validate()
+            .map_err(|e| invalid("xds", e.to_string()))?;
+        if raw.access.reads == crate::access::ReadAccess::Granted {
+            return Err(invalid(
+                "xds.enabled",
+                "the xDS port has no caller identity, so it cannot honour [access] reads = \"granted\"",
+            ));
+        }
+    }
     let api = &raw.api;
     if api.header_read_timeout_ms == 0 || api.body_read_timeout_ms == 0 {
         return Err(invalid(
@@ -837,5 +855,32 @@ dev = true
             .to_string();
         assert!(err.contains("trust.node_keys"), "{err}");
         assert!(err.contains("0006-node-keys-in-lifecycle-records"), "{err}");
+    }
+
+    #[test]
+    fn xds_is_off_by_default_loopback_only_and_refused_with_granted_reads() {
+        let base = validate(toml::from_str(BASE).unwrap()).unwrap();
+        assert!(!base.raw.xds.enabled);
+        let on = format!("{BASE}\n[xds]\nenabled = true\n");
+        let v = validate(toml::from_str(&on).unwrap()).unwrap();
+        assert_eq!(v.raw.xds.listen.to_string(), "127.0.0.1:18000");
+        let err = |text: &str| {
+            validate(toml::from_str(text).unwrap())
+                .map(|_| ())
+                .unwrap_err()
+                .to_string()
+        };
+        let wide = format!("{on}listen = \"0.0.0.0:18000\"\n");
+        assert!(
+            err(&wide).contains("not a loopback address"),
+            "{}",
+            err(&wide)
+        );
+        let granted = format!("{on}\n[access]\nreads = \"granted\"\n");
+        assert!(
+            err(&granted).contains("no caller identity"),
+            "{}",
+            err(&granted)
+        );
     }
 }

@@ -10,7 +10,7 @@
 //! that owns the mesh), [`client`] (authority RPC), [`dev_authority`], [`listener`] (local socket connections),
 //! [`access`] (who may do what), [`api`], [`consul`] (a Consul-compatible read port), [`dns`],
 //! [`health_endpoints`] (liveness, readiness), [`members_view`] (`/v1/agent/members` rows),
-//! [`probes`], [`metrics`].
+//! [`probes`], [`metrics`], [`xds`] (opt-in xDS server).
 
 pub mod access;
 pub mod agent;
@@ -32,6 +32,7 @@ pub mod metrics_describe;
 pub mod persist;
 pub mod probes;
 pub mod state;
+pub mod xds;
 
 pub use agent::{run, run_until};
 pub use config::{load, AgentConfig, Overrides, Validated};

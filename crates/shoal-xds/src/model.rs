@@ -1,0 +1,169 @@
+//! What the xDS server serves: a plain snapshot of the agent's view, and the names it is served
+//! under.
+//!
+//! The agent builds a [`View`] from its catalog whenever its view index moves and publishes it
+//! on a `tokio::sync::watch` channel; every ADS stream turns the newest view into resources
+//! ([`crate::resources`]). Keeping the input a plain value (not the catalog itself) lets the
+//! stream logic be tested without an agent, and keeps the catalog's read lock out of gRPC code.
+//!
+//! ## Resource names
+//!
+//! One shoal service key `namespace/service/port` is served as one resource of each of the four
+//! types, all under the same name `<service>.<port>.<namespace>` (the order of the DNS name
+//! `<service>.<port>.<namespace>.service.<domain>`, without the suffix). Labels are
+//! `[a-z0-9-]` ([`shoal_proto::Name`]), so the dots are unambiguous and the name is a valid
+//! HTTP/2 `:authority`, which proxyless gRPC sends as the target's authority
+//! (`xds:///web.grpc.prod`). See `docs/api/xds.md`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use shoal_catalog::view::{EndpointState, EndpointView};
+use shoal_proto::{Region, ServiceKey, Zone};
+
+/// The xDS resource name of a service key: `<service>.<port>.<namespace>`.
+///
+/// ```
+/// let key: shoal_proto::ServiceKey = "prod/web/grpc".parse().unwrap();
+/// assert_eq!(shoal_xds::resource_name(&key), "web.grpc.prod");
+/// ```
+pub fn resource_name(key: &ServiceKey) -> String {
+    format!("{}.{}.{}", key.service, key.port_name, key.namespace)
+}
+
+/// The service key a resource name stands for; `None` when the name is not of the form
+/// `<service>.<port>.<namespace>` with three valid labels.
+///
+/// ```
+/// let key = shoal_xds::parse_resource_name("web.grpc.prod").unwrap();
+/// assert_eq!(key.to_string(), "prod/web/grpc");
+/// assert!(shoal_xds::parse_resource_name("prod/web/grpc").is_none());
+/// ```
+pub fn parse_resource_name(name: &str) -> Option<ServiceKey> {
+    let mut parts = name.split('.');
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some(service), Some(port), Some(namespace), None) => {
+            ServiceKey::new(namespace, service, port).ok()
+        }
+        _ => None,
+    }
+}
+
+/// How an endpoint is reported in a `ClusterLoadAssignment` (`envoy.config.core.v3.HealthStatus`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum EndpointHealth {
+    /// Routable (READY, health passing, owner up, not ejected): `HEALTHY`.
+    Healthy,
+    /// Lifecycle DRAINING: `DRAINING` (Envoy and gRPC send it no new requests).
+    Draining,
+    /// Anything else that is not routable (STARTING, UNHEALTHY, owner down, locally ejected):
+    /// `UNHEALTHY`.
+    Unhealthy,
+}
+
+impl EndpointHealth {
+    /// The health of one endpoint of the agent's view. Only a routable endpoint is healthy
+    /// (invariant 5, docs/invariants.md): a READY endpoint whose owner is down or that this
+    /// agent ejected is `Unhealthy`, never `Healthy`.
+    pub fn of(view: &EndpointView) -> Self {
+        match (view.routable, view.state) {
+            (true, _) => Self::Healthy,
+            (false, EndpointState::Draining) => Self::Draining,
+            (false, _) => Self::Unhealthy,
+        }
+    }
+}
+
+/// One endpoint as served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// Instance id (served as the endpoint's `hostname`, for logs and admin pages).
+    pub instance: String,
+    /// Where new connections go.
+    pub address: SocketAddr,
+    /// Region of the instance.
+    pub region: Region,
+    /// Zone of the instance.
+    pub zone: Zone,
+    /// Relative weight (`load_balancing_weight`; shoal's range is 1..=10 000, never 0).
+    pub weight: u32,
+    /// Reported health.
+    pub health: EndpointHealth,
+}
+
+impl Endpoint {
+    /// The served form of one endpoint of the agent's view.
+    pub fn of(view: &EndpointView) -> Self {
+        Self {
+            instance: view.instance.to_string(),
+            address: view.endpoint.address,
+            region: view.region.clone(),
+            zone: view.endpoint.zone.clone(),
+            weight: view.endpoint.weight.max(1),
+            health: EndpointHealth::of(view),
+        }
+    }
+}
+
+/// A snapshot of the agent's view: every service key it holds and their endpoints.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct View {
+    /// The agent's view index this snapshot was taken at. Served as `version_info`; it only
+    /// grows while the agent runs (it restarts with the agent, and so does every stream).
+    pub version: u64,
+    /// Endpoints per service key, in key order; tombstones (EXPIRED) left out. A key with no
+    /// endpoint left is still served, as an empty assignment.
+    pub services: BTreeMap<ServiceKey, Vec<Endpoint>>,
+}
+
+impl View {
+    /// True when both views serve the same resources (the version is ignored).
+    pub fn same_resources(&self, other: &View) -> bool {
+        self.services == other.services
+    }
+}
+
+/// Where the caller is: picks priority 0 (its zone) and 1 (the rest of its region).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Locality {
+    /// The caller's region (always the agent's: an agent serves its own region's view).
+    pub region: Region,
+    /// The caller's zone: the `node.locality.zone` of the caller's bootstrap when it names a
+    /// valid zone, else the agent's zone (a caller runs next to its agent).
+    pub zone: Zone,
+}
+
+/// The hook for cross-region failover by policy: which other regions a service may fail over
+/// to, in order. Their endpoints are served at priorities after the caller's region (the
+/// first failover region next, and so on); endpoints of any other region are not served at all
+/// (cross-region routing happens only by explicit policy, REQUIREMENTS).
+pub trait FailoverPolicy: Send + Sync + 'static {
+    /// Failover regions of `key`, best first. The caller's own region is ignored if listed.
+    fn failover_regions(&self, key: &ServiceKey) -> Vec<Region>;
+}
+
+/// No failover: only the caller's region is served.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoFailover;
+
+impl FailoverPolicy for NoFailover {
+    fn failover_regions(&self, _: &ServiceKey) -> Vec<Region> {
+        Vec::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_refuse_other_shapes() {
+        let key: ServiceKey = "staging/api-v2/grpc".parse().unwrap();
+        let name = resource_name(&key);
+        assert_eq!(name, "api-v2.grpc.staging");
+        assert_eq!(parse_resource_name(&name), Some(key));
+        for bad in ["", "a.b", "a.b.c.d", "A.b.c", "a..c", "staging/api/grpc"] {
+            assert_eq!(parse_resource_name(bad), None, "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,447 @@
+//! The four resource types built from a [`View`]: Listener, RouteConfiguration, Cluster and
+//! ClusterLoadAssignment, each named [`resource_name`] of its service key.
+//!
+//! Shapes follow what proxyless gRPC accepts (gRFC A27 "xDS-Based Global Load Balancing"):
+//! the Listener is an `api_listener` holding an `HttpConnectionManager` that fetches its routes
+//! over ADS (RDS) and ends with the router filter; the route configuration has one virtual host
+//! (`domains: ["*"]`) whose default route goes to the cluster of the same name; the Cluster is
+//! of type EDS with its endpoints over ADS; the assignment groups endpoints by locality with
+//! contiguous priorities from 0. Envoy accepts the same resources.
+
+use std::collections::BTreeMap;
+
+use envoy_types::pb::envoy::config::cluster::v3::{cluster, Cluster};
+use envoy_types::pb::envoy::config::core::v3::{
+    address, config_source, socket_address, Address, AggregatedConfigSource, ApiVersion,
+    ConfigSource, HealthStatus, Locality as PbLocality, SocketAddress,
+};
+use envoy_types::pb::envoy::config::endpoint::v3::{
+    lb_endpoint, ClusterLoadAssignment, Endpoint as PbEndpoint, LbEndpoint, LocalityLbEndpoints,
+};
+use envoy_types::pb::envoy::config::listener::v3::{ApiListener, Listener};
+use envoy_types::pb::envoy::config::route::v3::{
+    route, route_action, route_match, Route, RouteAction, RouteConfiguration, RouteMatch,
+    VirtualHost,
+};
+use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    http_connection_manager, http_filter, HttpConnectionManager, HttpFilter, Rds,
+};
+use envoy_types::pb::google::protobuf::{Any, Duration, UInt32Value};
+use envoy_types::util::pack_any;
+use prost::Name;
+use shoal_proto::{Region, ServiceKey, Zone};
+
+use crate::model::{resource_name, Endpoint, EndpointHealth, FailoverPolicy, Locality, View};
+
+/// The resource types served, by their type URL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ResourceType {
+    /// `envoy.config.listener.v3.Listener` (LDS).
+    Listener,
+    /// `envoy.config.route.v3.RouteConfiguration` (RDS).
+    Route,
+    /// `envoy.config.cluster.v3.Cluster` (CDS).
+    Cluster,
+    /// `envoy.config.endpoint.v3.ClusterLoadAssignment` (EDS).
+    Endpoint,
+}
+
+impl ResourceType {
+    /// Every type, in the order a client subscribes to them (LDS, RDS, CDS, EDS).
+    pub const ALL: [ResourceType; 4] = [Self::Listener, Self::Route, Self::Cluster, Self::Endpoint];
+
+    /// The type URL, e.g. `type.googleapis.com/envoy.config.listener.v3.Listener`.
+    pub fn type_url(self) -> String {
+        match self {
+            Self::Listener => Listener::type_url(),
+            Self::Route => RouteConfiguration::type_url(),
+            Self::Cluster => Cluster::type_url(),
+            Self::Endpoint => ClusterLoadAssignment::type_url(),
+        }
+    }
+
+    /// The type of a type URL; `None` for a type this server does not serve.
+    pub fn from_type_url(url: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.type_url() == url)
+    }
+
+    /// Short label for logs and metrics: `lds`, `rds`, `cds`, `eds`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Listener => "lds",
+            Self::Route => "rds",
+            Self::Cluster => "cds",
+            Self::Endpoint => "eds",
+        }
+    }
+
+    /// True for the types where an empty subscription means "everything" (the legacy wildcard
+    /// of LDS and CDS); for RDS and EDS it means nothing.
+    pub fn empty_means_wildcard(self) -> bool {
+        matches!(self, Self::Listener | Self::Cluster)
+    }
+}
+
+/// Connect timeout served in every Cluster, ms (Envoy's default is 5 s; gRPC ignores it).
+pub const CONNECT_TIMEOUT_MS: u32 = 1_000;
+
+fn ads() -> Option<ConfigSource> {
+    Some(ConfigSource {
+        resource_api_version: ApiVersion::V3 as i32,
+        config_source_specifier: Some(config_source::ConfigSourceSpecifier::Ads(
+            AggregatedConfigSource {},
+        )),
+        ..Default::default()
+    })
+}
+
+/// The Listener of one service: an `api_listener` whose `HttpConnectionManager` takes its
+/// routes from RDS over ADS (route configuration of the same name) and ends with the router
+/// filter, as proxyless gRPC requires.
+pub fn listener(key: &ServiceKey) -> Listener {
+    let name = resource_name(key);
+    let hcm = HttpConnectionManager {
+        stat_prefix: name.clone(),
+        route_specifier: Some(http_connection_manager::RouteSpecifier::Rds(Rds {
+            config_source: ads(),
+            route_config_name: name.clone(),
+        })),
+        http_filters: vec![HttpFilter {
+            name: "envoy.filters.http.router".to_string(),
+            config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(
+                Router::default(),
+            ))),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    Listener {
+        name,
+        api_listener: Some(ApiListener {
+            api_listener: Some(pack_any(hcm)),
+        }),
+        ..Default::default()
+    }
+}
+
+/// The RouteConfiguration of one service: one virtual host matching any authority, whose
+/// default route (prefix `""`) goes to the cluster of the same name.
+pub fn route_configuration(key: &ServiceKey) -> RouteConfiguration {
+    let name = resource_name(key);
+    RouteConfiguration {
+        name: name.clone(),
+        virtual_hosts: vec![VirtualHost {
+            name: name.clone(),
+            domains: vec!["*".to_string()],
+            routes: vec![Route {
+                r#match: Some(RouteMatch {
+                    path_specifier: Some(route_match::PathSpecifier::Prefix(String::new())),
+                    ..Default::default()
+                }),
+                action: Some(route::Action::Route(RouteAction {
+                    cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(name)),
+                    ..Default::default()
+                })),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+/// The Cluster of one service: type EDS, endpoints over ADS under the same name, round robin.
+pub fn cluster(key: &ServiceKey) -> Cluster {
+    let name = resource_name(key);
+    Cluster {
+        name: name.clone(),
+        cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(
+            cluster::DiscoveryType::Eds as i32,
+        )),
+        eds_cluster_config: Some(cluster::EdsClusterConfig {
+            eds_config: ads(),
+            service_name: name,
+        }),
+        lb_policy: cluster::LbPolicy::RoundRobin as i32,
+        connect_timeout: Some(Duration {
+            seconds: 0,
+            nanos: (CONNECT_TIMEOUT_MS * 1_000_000) as i32,
+        }),
+        ..Default::default()
+    }
+}
+
+/// Locality tier of an endpoint for a caller: 0 the caller's zone, 1 the rest of its region,
+/// `2 + i` the `i`-th failover region; `None`: not served (another region, not a failover).
+fn tier(ep: &Endpoint, caller: &Locality, failover: &[Region]) -> Option<usize> {
+    if ep.region == caller.region {
+        return Some(if ep.zone == caller.zone { 0 } else { 1 });
+    }
+    failover
+        .iter()
+        .filter(|r| **r != caller.region)
+        .position(|r| *r == ep.region)
+        .map(|i| 2 + i)
+}
+
+fn health_status(h: EndpointHealth) -> HealthStatus {
+    match h {
+        EndpointHealth::Healthy => HealthStatus::Healthy,
+        EndpointHealth::Draining => HealthStatus::Draining,
+        EndpointHealth::Unhealthy => HealthStatus::Unhealthy,
+    }
+}
+
+fn lb_endpoint(ep: &Endpoint) -> LbEndpoint {
+    LbEndpoint {
+        health_status: health_status(ep.health) as i32,
+        load_balancing_weight: Some(UInt32Value { value: ep.weight }),
+        host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(PbEndpoint {
+            address: Some(Address {
+                address: Some(address::Address::SocketAddress(SocketAddress {
+                    address: ep.address.ip().to_string(),
+                    port_specifier: Some(socket_address::PortSpecifier::PortValue(u32::from(
+                        ep.address.port(),
+                    ))),
+                    ..Default::default()
+                })),
+            }),
+            hostname: ep.instance.clone(),
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+/// The ClusterLoadAssignment of one service for one caller.
+///
+/// Endpoints are grouped by locality (region, zone). Priorities follow the locality tiers
+/// (caller's zone, rest of the region, then the failover regions in policy order) but are
+/// **compacted**: the tiers that have endpoints get 0, 1, 2, ... in that order, because gRPC
+/// refuses an assignment whose priorities have a gap (so with no endpoint in the caller's zone,
+/// the rest of the region is priority 0). A locality's `load_balancing_weight` is the sum of its
+/// healthy endpoints' weights, at least 1 (gRPC drops localities without a weight). Every
+/// endpoint is listed with its health: only `HEALTHY` ones take traffic.
+pub fn load_assignment(
+    key: &ServiceKey,
+    endpoints: &[Endpoint],
+    caller: &Locality,
+    failover: &dyn FailoverPolicy,
+) -> ClusterLoadAssignment {
+    let regions = failover.failover_regions(key);
+    let mut groups: BTreeMap<(usize, Region, Zone), Vec<&Endpoint>> = BTreeMap::new();
+    for ep in endpoints {
+        if let Some(t) = tier(ep, caller, &regions) {
+            groups
+                .entry((t, ep.region.clone(), ep.zone.clone()))
+                .or_default()
+                .push(ep);
+        }
+    }
+    let mut priority = 0u32;
+    let mut last_tier = None;
+    let mut out = Vec::with_capacity(groups.len());
+    for ((t, region, zone), mut eps) in groups {
+        if last_tier.is_some_and(|l| l != t) {
+            priority += 1;
+        }
+        last_tier = Some(t);
+        eps.sort_by(|a, b| a.instance.cmp(&b.instance));
+        let healthy_weight: u64 = eps
+            .iter()
+            .filter(|e| e.health == EndpointHealth::Healthy)
+            .map(|e| u64::from(e.weight))
+            .sum();
+        out.push(LocalityLbEndpoints {
+            locality: Some(PbLocality {
+                region: region.to_string(),
+                zone: zone.to_string(),
+                sub_zone: String::new(),
+            }),
+            lb_endpoints: eps.into_iter().map(lb_endpoint).collect(),
+            load_balancing_weight: Some(UInt32Value {
+                value: u32::try_from(healthy_weight.max(1)).unwrap_or(u32::MAX),
+            }),
+            priority,
+            ..Default::default()
+        });
+    }
+    ClusterLoadAssignment {
+        cluster_name: resource_name(key),
+        endpoints: out,
+        ..Default::default()
+    }
+}
+
+/// The resources of one type for the subscribed names (`None`: every resource of the view,
+/// the LDS/CDS wildcard), packed as `Any`, in name order. Names that the view does not hold
+/// are left out (for LDS and CDS the client then knows the resource does not exist).
+pub fn build(
+    ty: ResourceType,
+    view: &View,
+    names: Option<&std::collections::BTreeSet<String>>,
+    caller: &Locality,
+    failover: &dyn FailoverPolicy,
+) -> Vec<(String, Any)> {
+    let wanted = |n: &str| names.is_none_or(|set| set.contains(n));
+    let mut out: Vec<(String, Any)> = view
+        .services
+        .iter()
+        .map(|(key, eps)| (resource_name(key), key, eps))
+        .filter(|(name, _, _)| wanted(name))
+        .map(|(name, key, eps)| {
+            let any = match ty {
+                ResourceType::Listener => pack_any(listener(key)),
+                ResourceType::Route => pack_any(route_configuration(key)),
+                ResourceType::Cluster => pack_any(cluster(key)),
+                ResourceType::Endpoint => pack_any(load_assignment(key, eps, caller, failover)),
+            };
+            (name, any)
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::NoFailover;
+
+    fn ep(instance: &str, region: &str, zone: &str, health: EndpointHealth) -> Endpoint {
+        Endpoint {
+            instance: instance.to_string(),
+            address: "127.0.0.1:9000".parse().unwrap(),
+            region: Region::new(region).unwrap(),
+            zone: Zone::new(zone).unwrap(),
+            weight: 100,
+            health,
+        }
+    }
+
+    fn caller() -> Locality {
+        Locality {
+            region: Region::new("eu").unwrap(),
+            zone: Zone::new("eu-a").unwrap(),
+        }
+    }
+
+    struct To(&'static str);
+    impl FailoverPolicy for To {
+        fn failover_regions(&self, _: &ServiceKey) -> Vec<Region> {
+            vec![Region::new(self.0).unwrap()]
+        }
+    }
+
+    /// (priority, zone, [(hostname, health)], locality weight) per locality.
+    type Summary = Vec<(u32, String, Vec<(String, i32)>, u32)>;
+
+    fn summary(cla: &ClusterLoadAssignment) -> Summary {
+        cla.endpoints
+            .iter()
+            .map(|l| {
+                let loc = l.locality.clone().unwrap();
+                let eps = l
+                    .lb_endpoints
+                    .iter()
+                    .map(|e| match &e.host_identifier {
+                        Some(lb_endpoint::HostIdentifier::Endpoint(p)) => {
+                            (p.hostname.clone(), e.health_status)
+                        }
+                        _ => panic!("no endpoint"),
+                    })
+                    .collect();
+                (
+                    l.priority,
+                    loc.zone,
+                    eps,
+                    l.load_balancing_weight.unwrap().value,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn caller_zone_is_priority_0_rest_of_region_1_and_health_is_reported() {
+        use EndpointHealth::*;
+        let key: ServiceKey = "prod/web/grpc".parse().unwrap();
+        let eps = vec![
+            ep("b-1", "eu", "eu-b", Healthy),
+            ep("a-2", "eu", "eu-a", Draining),
+            ep("a-1", "eu", "eu-a", Healthy),
+            ep("a-3", "eu", "eu-a", Unhealthy),
+            ep("us-1", "us", "us-a", Healthy),
+        ];
+        let cla = load_assignment(&key, &eps, &caller(), &NoFailover);
+        assert_eq!(cla.cluster_name, "web.grpc.prod");
+        let (h, d, u) = (
+            HealthStatus::Healthy as i32,
+            HealthStatus::Draining as i32,
+            HealthStatus::Unhealthy as i32,
+        );
+        assert_eq!(
+            summary(&cla),
+            vec![
+                (
+                    0,
+                    "eu-a".to_string(),
+                    vec![("a-1".into(), h), ("a-2".into(), d), ("a-3".into(), u)],
+                    100
+                ),
+                (1, "eu-b".to_string(), vec![("b-1".into(), h)], 100),
+            ],
+            "another region is not served without a failover policy"
+        );
+    }
+
+    #[test]
+    fn priorities_are_compacted_and_failover_regions_come_last() {
+        use EndpointHealth::*;
+        let key: ServiceKey = "prod/web/grpc".parse().unwrap();
+        let eps = vec![
+            ep("b-1", "eu", "eu-b", Draining),
+            ep("us-1", "us", "us-a", Healthy),
+        ];
+        let cla = load_assignment(&key, &eps, &caller(), &To("us"));
+        let got: Vec<(u32, String, u32)> = summary(&cla)
+            .into_iter()
+            .map(|(p, z, _, w)| (p, z, w))
+            .collect();
+        // No endpoint in the caller's zone: the region is priority 0, the failover region 1.
+        // A locality with no healthy endpoint keeps weight 1 (gRPC drops weightless ones).
+        assert_eq!(
+            got,
+            vec![(0, "eu-b".to_string(), 1), (1, "us-a".to_string(), 100)]
+        );
+    }
+
+    #[test]
+    fn listener_is_an_api_listener_with_rds_over_ads_and_the_router_last() {
+        use prost::Message;
+        let key: ServiceKey = "prod/web/grpc".parse().unwrap();
+        let l = listener(&key);
+        assert_eq!(l.name, "web.grpc.prod");
+        let any = l.api_listener.unwrap().api_listener.unwrap();
+        assert_eq!(any.type_url, HttpConnectionManager::type_url());
+        let hcm = HttpConnectionManager::decode(any.value.as_slice()).unwrap();
+        match hcm.route_specifier {
+            Some(http_connection_manager::RouteSpecifier::Rds(rds)) => {
+                assert_eq!(rds.route_config_name, "web.grpc.prod");
+                assert!(matches!(
+                    rds.config_source.unwrap().config_source_specifier,
+                    Some(config_source::ConfigSourceSpecifier::Ads(_))
+                ));
+            }
+            other => panic!("expected RDS, got {other:?}"),
+        }
+        let last = hcm.http_filters.last().unwrap();
+        assert_eq!(last.name, "envoy.filters.http.router");
+        let c = cluster(&key);
+        assert_eq!(
+            c.eds_cluster_config.unwrap().service_name,
+            "web.grpc.prod",
+            "the cluster's EDS name is the assignment's name"
+        );
+    }
+}

@@ -1,0 +1,285 @@
+//! The gRPC server: `envoy.service.discovery.v3.AggregatedDiscoveryService` over tonic.
+//!
+//! Each `StreamAggregatedResources` call gets one task that owns an [`AdsStream`] and selects
+//! between the client's next request and the next view on the watch channel; responses go out
+//! through a bounded channel (a client that stops reading blocks only its own task). Delta xDS
+//! (`DeltaAggregatedResources`) answers `UNIMPLEMENTED`; clients fall back to state of the world
+//! (gRPC and Envoy use it unless told otherwise).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use serde::Deserialize;
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::model::{FailoverPolicy, Locality, View};
+use crate::stream::{AdsStream, RequestKind};
+
+/// Default address of the xDS server: loopback, port 18000 (the port Envoy's and gRPC's xDS
+/// examples use).
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:18000";
+/// Default most concurrent ADS streams; past it a new stream is refused (`RESOURCE_EXHAUSTED`).
+pub const DEFAULT_MAX_STREAMS: usize = 1_024;
+/// Responses queued per stream before its task waits for the client to read.
+const RESPONSE_QUEUE: usize = 16;
+
+/// `[xds]` of the agent's configuration. Off unless `enabled = true`.
+///
+/// ```toml
+/// [xds]
+/// enabled = true
+/// listen = "127.0.0.1:18000"   # loopback unless allow_non_loopback = true
+/// max_streams = 1024
+/// ```
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct XdsConfig {
+    /// Serve xDS (default false).
+    #[serde(default)]
+    pub enabled: bool,
+    /// TCP address of the gRPC server (default [`DEFAULT_LISTEN`]).
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// Allow a non-loopback `listen` (no authentication on the port; off by default).
+    #[serde(default)]
+    pub allow_non_loopback: bool,
+    /// Most concurrent streams (default [`DEFAULT_MAX_STREAMS`], at least 1).
+    #[serde(default = "default_max_streams")]
+    pub max_streams: usize,
+}
+
+fn default_listen() -> SocketAddr {
+    DEFAULT_LISTEN.parse().expect("valid default")
+}
+fn default_max_streams() -> usize {
+    DEFAULT_MAX_STREAMS
+}
+
+impl Default for XdsConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            listen: default_listen(),
+            allow_non_loopback: false,
+            max_streams: DEFAULT_MAX_STREAMS,
+        }
+    }
+}
+
+/// Why an `[xds]` section is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum XdsConfigError {
+    /// `listen` is not loopback and `allow_non_loopback` is not set.
+    #[error("xds.listen {0} is not a loopback address (set allow_non_loopback = true to force; the port has no authentication)")]
+    NotLoopback(SocketAddr),
+    /// `max_streams` is 0.
+    #[error("xds.max_streams must be at least 1")]
+    NoStreams,
+}
+
+impl XdsConfig {
+    /// Checks the section.
+    ///
+    /// # Errors
+    /// [`XdsConfigError`] naming the bad field.
+    pub fn validate(&self) -> Result<(), XdsConfigError> {
+        if !self.listen.ip().is_loopback() && !self.allow_non_loopback {
+            return Err(XdsConfigError::NotLoopback(self.listen));
+        }
+        if self.max_streams == 0 {
+            return Err(XdsConfigError::NoStreams);
+        }
+        Ok(())
+    }
+}
+
+/// The ADS service. Cheap to clone (shared parts are `Arc`s).
+#[derive(Clone)]
+pub struct Ads {
+    views: watch::Receiver<Arc<View>>,
+    local: Locality,
+    failover: Arc<dyn FailoverPolicy>,
+    streams: Arc<Semaphore>,
+}
+
+impl std::fmt::Debug for Ads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ads").field("local", &self.local).finish()
+    }
+}
+
+impl Ads {
+    /// A service serving the views published on `views` to callers next to an agent at `local`.
+    pub fn new(
+        views: watch::Receiver<Arc<View>>,
+        local: Locality,
+        failover: Arc<dyn FailoverPolicy>,
+        max_streams: usize,
+    ) -> Self {
+        crate::metrics::describe();
+        Self {
+            views,
+            local,
+            failover,
+            streams: Arc::new(Semaphore::new(max_streams.max(1))),
+        }
+    }
+
+    /// The tonic service, to add to a `tonic::transport::Server`.
+    pub fn into_service(self) -> AggregatedDiscoveryServiceServer<Self> {
+        AggregatedDiscoveryServiceServer::new(self)
+    }
+}
+
+/// Serves `ads` on `listener` until `shutdown` resolves.
+///
+/// # Errors
+/// The transport's error if serving fails (accept errors are retried by tonic).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    ads: Ads,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    tonic::transport::Server::builder()
+        .add_service(ads.into_service())
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+}
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Ads {
+    type StreamAggregatedResourcesStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
+    type DeltaAggregatedResourcesStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        let Ok(permit) = self.streams.clone().try_acquire_owned() else {
+            crate::metrics::stream_refused();
+            return Err(Status::resource_exhausted(
+                "too many xDS streams on this agent (xds.max_streams)",
+            ));
+        };
+        let peer = request.remote_addr();
+        let inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(RESPONSE_QUEUE);
+        let task = StreamTask {
+            stream: AdsStream::new(self.local.clone()),
+            views: self.views.clone(),
+            failover: self.failover.clone(),
+            tx,
+            peer,
+        };
+        tokio::spawn(async move {
+            let _permit = permit;
+            let _open = crate::metrics::StreamGauge::open();
+            task.run(inbound).await;
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        _request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        Err(Status::unimplemented(
+            "delta xDS is not served; use state-of-the-world ADS",
+        ))
+    }
+}
+
+struct StreamTask {
+    stream: AdsStream,
+    views: watch::Receiver<Arc<View>>,
+    failover: Arc<dyn FailoverPolicy>,
+    tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
+    peer: Option<SocketAddr>,
+}
+
+impl StreamTask {
+    async fn run(mut self, mut inbound: Streaming<DiscoveryRequest>) {
+        let mut refused_logged = false;
+        loop {
+            tokio::select! {
+                msg = inbound.message() => match msg {
+                    Ok(Some(req)) => {
+                        // `borrow`, not `borrow_and_update`: a view that arrived with this
+                        // request must still be pushed to the stream's other types.
+                        let view = self.views.borrow().clone();
+                        if !self.on_request(&req, &view, &mut refused_logged).await {
+                            return;
+                        }
+                    }
+                    Ok(None) => return,
+                    Err(status) => {
+                        tracing::debug!(peer = ?self.peer, %status, "xDS stream ended");
+                        return;
+                    }
+                },
+                changed = self.views.changed() => {
+                    if changed.is_err() {
+                        return; // the agent is stopping
+                    }
+                    let view = self.views.borrow_and_update().clone();
+                    for resp in self.stream.handle_view(&view, self.failover.as_ref()) {
+                        if !self.send(resp).await {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Handles one request; false when the client is gone.
+    async fn on_request(
+        &mut self,
+        req: &DiscoveryRequest,
+        view: &View,
+        refused_logged: &mut bool,
+    ) -> bool {
+        match self
+            .stream
+            .handle_request(req, view, self.failover.as_ref())
+        {
+            Ok(out) => {
+                crate::metrics::request(out.ty, &out.kind);
+                if let RequestKind::Nack { message } = &out.kind {
+                    tracing::warn!(peer = ?self.peer, node = ?self.stream.node_id(),
+                        type_url = %req.type_url, version = %req.version_info,
+                        nonce = %req.response_nonce, %message,
+                        "xDS client rejected (NACKed) a response; it keeps its previous config");
+                }
+                match out.response {
+                    Some(resp) => self.send(resp).await,
+                    None => true,
+                }
+            }
+            Err(e) => {
+                crate::metrics::refused(&e);
+                if !std::mem::replace(refused_logged, true) {
+                    tracing::warn!(peer = ?self.peer, node = ?self.stream.node_id(), error = %e,
+                        "xDS request refused (further refusals on this stream are only counted)");
+                }
+                true
+            }
+        }
+    }
+
+    async fn send(&self, resp: DiscoveryResponse) -> bool {
+        if let Some(ty) = crate::resources::ResourceType::from_type_url(&resp.type_url) {
+            crate::metrics::response(ty);
+        }
+        self.tx.send(Ok(resp)).await.is_ok()
+    }
+}
