@@ -142,6 +142,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/agent/self", get(agent_self))
         .route("/v1/agent/members", get(members))
         .route("/v1/agent/health", get(health))
+        .route("/v1/failover", get(crate::failover::status))
         .route("/v1/openapi.json", get(openapi))
         .fallback(not_found)
         .with_state(shared)
@@ -489,6 +490,8 @@ async fn pick(
 ) -> ApiResult {
     let key = service_key(&ns, &svc, &port)?;
     check_read(&shared, &who, &key)?;
+    let (write_intent, raw) =
+        crate::failover::take_intent(raw).map_err(|e| ApiError::bad("bad_query", e))?;
     let q = parse_query(raw)?;
     let r = Jitter::new().next_u64();
     let picked = {
@@ -516,21 +519,32 @@ async fn pick(
     body.insert("service".into(), json!(key.to_string()));
     match picked {
         Some((e, t)) => {
+            let tier = crate::failover::local_tier(&e.endpoint.zone, &shared.cfg.zone);
+            body.insert("tier".into(), json!(tier.label()));
+            body.insert("read_only".into(), json!(false));
             body.insert("endpoint".into(), endpoint_json(&e, t));
             Ok(with_index(&shared, StatusCode::OK, Value::Object(body)))
         }
         None => {
-            counter!("shoal_no_backend_total").increment(1);
-            body.insert("error".into(), json!("no backend"));
-            body.insert(
-                "detail".into(),
-                json!("no READY, healthy, non-ejected endpoint in this region"),
-            );
-            Ok(with_index(
-                &shared,
-                StatusCode::SERVICE_UNAVAILABLE,
-                Value::Object(body),
-            ))
+            let now_s = shared.now_ms() / 1_000;
+            match shared.failover.pick_remote(&key, write_intent, now_s, r) {
+                Ok(p) => {
+                    crate::failover::answer_json(&mut body, &p);
+                    Ok(with_index(&shared, StatusCode::OK, Value::Object(body)))
+                }
+                Err(why) => {
+                    counter!("shoal_no_backend_total").increment(1);
+                    let (error, detail) = why.message();
+                    body.insert("error".into(), json!(error));
+                    body.insert("reason".into(), json!(why.as_label()));
+                    body.insert("detail".into(), json!(detail));
+                    Ok(with_index(
+                        &shared,
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        Value::Object(body),
+                    ))
+                }
+            }
         }
     }
 }

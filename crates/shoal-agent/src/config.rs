@@ -165,6 +165,9 @@ pub struct AgentConfig {
     /// Instances declared in the file (registered at start).
     #[serde(default)]
     pub instances: Vec<InstanceConfig>,
+    /// Global policy keys and the failover feed (docs/adr/0013-global-policy-and-failover.md).
+    #[serde(default)]
+    pub failover: crate::failover::FailoverConfig,
 }
 
 fn default_socket() -> PathBuf {

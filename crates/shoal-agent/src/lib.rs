@@ -17,6 +17,7 @@ pub mod client;
 pub mod config;
 pub mod dev_authority;
 pub mod driver;
+pub mod failover;
 pub mod keys;
 pub mod listener;
 pub mod local_probes;

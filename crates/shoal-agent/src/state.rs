@@ -110,6 +110,8 @@ pub struct Shared {
     pub local_probes: crate::local_probes::LocalProbes,
     /// Refused writes already logged.
     pub refusals: crate::access::RefusalLog,
+    /// Global policy and remote summaries, beside the catalog (ADR 0013).
+    pub failover: crate::failover::Failover,
 }
 
 impl Shared {

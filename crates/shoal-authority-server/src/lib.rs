@@ -23,6 +23,7 @@ pub mod config;
 pub mod files;
 pub mod member;
 pub mod network;
+pub mod regions;
 pub mod server;
 pub mod storage;
 pub mod types;

@@ -25,11 +25,16 @@ pub mod policy;
 pub mod record;
 pub mod rpc;
 pub mod sign;
+pub mod summary;
 
 pub use ids::{
     Generation, HealthSeq, InstanceId, Name, NodeId, Region, Revision, ServiceKey, Version, Zone,
 };
-pub use policy::{FailoverMode, PolicyError, PolicyRecord, ServicePolicy};
+pub use policy::{
+    FailoverMode, GlobalPolicy, GlobalServicePolicy, PolicyError, PolicyRecord, RegionKeys,
+    ServicePolicy, SignedGlobalPolicy, StaleAction,
+};
+pub use summary::{RegionSummary, SignedSummary, SummaryEndpoint};
 pub use record::{
     EndpointSpec, HealthRecord, HealthStatus, LabelDimension, Labels, LifecycleRecord,
     LifecycleState, NodeKey, TransitionReason, TransitionSource,
