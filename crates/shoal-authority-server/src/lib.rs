@@ -23,6 +23,7 @@ pub mod config;
 pub mod files;
 pub mod member;
 pub mod network;
+pub mod policy_cli;
 pub mod regions;
 pub mod server;
 pub mod storage;
