@@ -268,11 +268,9 @@ impl Failover {
             match p.verify(&self.policy_keys) {
                 Ok(()) => {
                     let bytes = postcard::to_allocvec(&p).expect("plain data");
-                    if let Err(e) = crate::keys::write_atomic(
-                        &self.data_dir.join(POLICY_FILE),
-                        &bytes,
-                        0o600,
-                    ) {
+                    if let Err(e) =
+                        crate::keys::write_atomic(&self.data_dir.join(POLICY_FILE), &bytes, 0o600)
+                    {
                         tracing::warn!(error = %e, "persisting the global policy failed (kept in memory)");
                     }
                     tracing::info!(version = p.policy.version, "global policy applied");
@@ -491,13 +489,18 @@ pub async fn pull_loop(shared: Arc<Shared>) {
         };
         match crate::client::call(&shared, body).await {
             Ok(AuthorityOk::Summaries { summaries, policy }) => {
-                let (changed, kept) = shared.failover.apply_feed(policy, summaries, shared.now_ms());
+                let (changed, kept) =
+                    shared
+                        .failover
+                        .apply_feed(policy, summaries, shared.now_ms());
                 if changed || kept > 0 {
                     shared.bump_index();
                 }
             }
             Ok(other) => tracing::debug!(?other, "unexpected failover feed answer"),
-            Err(e) => tracing::debug!(error = %e, "failover feed pull failed; keeping what is held"),
+            Err(e) => {
+                tracing::debug!(error = %e, "failover feed pull failed; keeping what is held")
+            }
         }
     }
 }
@@ -526,6 +529,192 @@ pub fn endpoint_json(p: &RemotePick) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shoal_proto::{
+        GlobalPolicy, GlobalServicePolicy, RegionKeys, RegionSummary, Revision, ServicePolicy,
+        SigningKey,
+    };
+
+    fn region(s: &str) -> Region {
+        Region::new(s).unwrap()
+    }
+    fn key() -> ServiceKey {
+        "prod/web/http".parse().unwrap()
+    }
+    fn region_key(n: u8) -> SigningKey {
+        SigningKey::from_seed([n; 32])
+    }
+
+    /// An agent of r1 holding a policy for prod/web/http: failover to r2 then r3.
+    fn agent(policy: ServicePolicy) -> (Failover, SigningKey) {
+        let pk = SigningKey::from_seed([42; 32]);
+        let mut trusted = TrustedKeys::new();
+        trusted.insert(pk.verifying_key());
+        let regions = (1..=3)
+            .map(|i| RegionKeys {
+                region: region(&format!("r{i}")),
+                authority_keys: vec![region_key(i).verifying_key().to_bytes()],
+            })
+            .collect();
+        let doc = pk.sign_global_policy(GlobalPolicy {
+            version: 1,
+            issued_at_ms: 0,
+            regions,
+            services: vec![GlobalServicePolicy { key: key(), policy }],
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let f = Failover::new(region("r1"), trusted, dir.path());
+        assert_eq!(f.apply_feed(Some(doc), Vec::new(), 0), (true, 0));
+        assert!(dir.path().join(POLICY_FILE).exists(), "policy persisted");
+        (f, pk)
+    }
+
+    fn policy(mode: FailoverMode, rps: Option<u32>, on_stale: StaleAction) -> ServicePolicy {
+        ServicePolicy {
+            allowed_failover_regions: vec![region("r1"), region("r2"), region("r3")],
+            mode,
+            max_cross_region_rps: rps,
+            max_snapshot_age_s: Some(10),
+            on_stale,
+        }
+    }
+
+    fn summary(r: u8, n_endpoints: u32, generated_at_ms: u64) -> shoal_proto::SignedSummary {
+        let endpoints = (0..n_endpoints)
+            .map(|i| SummaryEndpoint {
+                instance: shoal_proto::InstanceId::new(format!("r{r}-{i}")).unwrap(),
+                generation: shoal_proto::Generation(1),
+                node: shoal_proto::NodeId::new(format!("r{r}-a1")).unwrap(),
+                endpoint: shoal_catalog::testkit::Fixture::spec(i),
+            })
+            .collect();
+        region_key(r).sign_summary(RegionSummary {
+            region: region(&format!("r{r}")),
+            key: key(),
+            revision: Revision(generated_at_ms),
+            generated_at_ms,
+            routable_total: n_endpoints,
+            endpoints,
+        })
+    }
+
+    const NOW: u64 = 1_000_000;
+
+    #[test]
+    fn the_policy_order_decides_and_an_empty_region_is_skipped() {
+        let (f, _) = agent(policy(FailoverMode::Writable, None, StaleAction::Degrade));
+        let feed = vec![summary(2, 0, NOW), summary(3, 2, NOW)];
+        assert_eq!(f.apply_feed(None, feed, 0), (false, 2));
+        let p = f.pick_inner(&key(), true, 0, 7, NOW + 5).unwrap();
+        assert_eq!(p.region, region("r3"), "r2 has no routable endpoint");
+        assert!(!p.read_only && !p.degraded);
+        assert_eq!(p.age_ms, 5);
+        f.apply_feed(None, vec![summary(2, 1, NOW + 1)], 0);
+        assert_eq!(
+            f.pick_inner(&key(), false, 0, 7, NOW + 5).unwrap().region,
+            region("r2")
+        );
+    }
+
+    #[test]
+    fn a_service_without_policy_never_leaves_and_write_intent_is_refused_when_read_only() {
+        let (f, _) = agent(policy(FailoverMode::ReadOnly, None, StaleAction::Degrade));
+        f.apply_feed(None, vec![summary(2, 1, NOW)], 0);
+        let other: ServiceKey = "prod/other/http".parse().unwrap();
+        assert_eq!(
+            f.pick_inner(&other, false, 0, 1, NOW).unwrap_err(),
+            NoFailover::NoPolicy
+        );
+        assert_eq!(
+            f.pick_inner(&key(), true, 0, 1, NOW).unwrap_err(),
+            NoFailover::ReadOnly
+        );
+        assert!(f.pick_inner(&key(), false, 0, 1, NOW).unwrap().read_only);
+    }
+
+    #[test]
+    fn the_cross_region_rate_is_capped_per_second() {
+        let (f, _) = agent(policy(
+            FailoverMode::Writable,
+            Some(2),
+            StaleAction::Degrade,
+        ));
+        f.apply_feed(None, vec![summary(2, 1, NOW)], 0);
+        assert!(f.pick_inner(&key(), false, 5, 1, NOW).is_ok());
+        assert!(f.pick_inner(&key(), false, 5, 1, NOW).is_ok());
+        assert_eq!(
+            f.pick_inner(&key(), false, 5, 1, NOW).unwrap_err(),
+            NoFailover::Capped { rps: 2 }
+        );
+        assert!(
+            f.pick_inner(&key(), false, 6, 1, NOW).is_ok(),
+            "a new second"
+        );
+    }
+
+    #[test]
+    fn past_the_maximum_age_degrade_serves_marked_and_refuse_skips() {
+        let (f, _) = agent(policy(FailoverMode::Writable, None, StaleAction::Degrade));
+        f.apply_feed(None, vec![summary(2, 1, NOW)], 0);
+        let p = f.pick_inner(&key(), false, 0, 1, NOW + 11_000).unwrap();
+        assert!(p.degraded);
+        let (f, _) = agent(policy(FailoverMode::Writable, None, StaleAction::Refuse));
+        f.apply_feed(
+            None,
+            vec![summary(2, 1, NOW), summary(3, 1, NOW + 9_000)],
+            0,
+        );
+        let p = f.pick_inner(&key(), false, 0, 1, NOW + 11_000).unwrap();
+        assert_eq!(p.region, region("r3"), "r2 too old, r3 still fresh");
+        assert_eq!(
+            f.pick_inner(&key(), false, 0, 1, NOW + 20_000).unwrap_err(),
+            NoFailover::TooOld
+        );
+    }
+
+    #[test]
+    fn a_summary_not_signed_by_its_region_is_refused_and_an_older_one_never_replaces() {
+        let (f, _) = agent(policy(FailoverMode::Writable, None, StaleAction::Degrade));
+        let mut forged = summary(2, 1, NOW);
+        forged = region_key(3).sign_summary(forged.summary);
+        assert_eq!(f.apply_feed(None, vec![forged], 0), (false, 0));
+        assert_eq!(
+            f.pick_inner(&key(), false, 0, 1, NOW).unwrap_err(),
+            NoFailover::NoRemoteEndpoint
+        );
+        f.apply_feed(None, vec![summary(2, 1, NOW + 10)], 0);
+        assert_eq!(f.apply_feed(None, vec![summary(2, 0, NOW)], 0), (false, 0));
+        assert!(f.pick_inner(&key(), false, 0, 1, NOW + 10).is_ok());
+    }
+
+    #[test]
+    fn the_persisted_policy_is_loaded_at_start() {
+        let pk = SigningKey::from_seed([42; 32]);
+        let mut trusted = TrustedKeys::new();
+        trusted.insert(pk.verifying_key());
+        let dir = tempfile::tempdir().unwrap();
+        let doc = pk.sign_global_policy(GlobalPolicy {
+            version: 4,
+            issued_at_ms: 0,
+            regions: Vec::new(),
+            services: Vec::new(),
+        });
+        std::fs::write(
+            dir.path().join(POLICY_FILE),
+            postcard::to_allocvec(&doc).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            Failover::new(region("r1"), trusted, dir.path()).policy_version(),
+            4
+        );
+        let mut other = TrustedKeys::new();
+        other.insert(SigningKey::from_seed([1; 32]).verifying_key());
+        assert_eq!(
+            Failover::new(region("r1"), other, dir.path()).policy_version(),
+            0,
+            "a file signed by an untrusted key is ignored"
+        );
+    }
 
     #[test]
     fn intent_is_split_off_the_query() {

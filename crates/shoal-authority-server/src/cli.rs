@@ -114,7 +114,10 @@ pub enum NodeCmd {
 }
 
 /// Sends one operator request, following leader redirects (at most 3).
-pub(crate) async fn operator_call(c: &Connect, body: AuthorityRequestBody) -> anyhow::Result<AuthorityOk> {
+pub(crate) async fn operator_call(
+    c: &Connect,
+    body: AuthorityRequestBody,
+) -> anyhow::Result<AuthorityOk> {
     let client = AuthorityClient::connect(
         "127.0.0.1:0".parse().expect("addr"),
         &read_pem_file(&c.ca)?,

@@ -131,7 +131,8 @@ pub fn parse_document(text: &str, issued_at_ms: u64) -> anyhow::Result<GlobalPol
             keys.push(b);
         }
         regions.push(RegionKeys {
-            region: Region::new(r.region.clone()).with_context(|| format!("region {}", r.region))?,
+            region: Region::new(r.region.clone())
+                .with_context(|| format!("region {}", r.region))?,
             authority_keys: keys,
         });
     }
@@ -222,7 +223,10 @@ pub async fn run(cmd: PolicyCmd) -> anyhow::Result<()> {
                 Overwrite::Refuse
             };
             keyfile::write_private(&out, to_hex(&seed).as_bytes(), overwrite)?;
-            println!("{}", to_hex(&SigningKey::from_seed(seed).verifying_key().to_bytes()));
+            println!(
+                "{}",
+                to_hex(&SigningKey::from_seed(seed).verifying_key().to_bytes())
+            );
         }
         PolicyCmd::Sign { key, input, out } => {
             let key = read_signing_key(&key)?;

@@ -26,7 +26,9 @@ use serde::Deserialize;
 use shoal_catalog::remote::RemoteSummaries;
 use shoal_proto::rpc::{AuthorityError, AuthorityOk, AuthorityRequestBody};
 use shoal_proto::summary::MAX_SUMMARIES_PER_REPLY;
-use shoal_proto::{Region, SignedGlobalPolicy, SignedSummary, SigningKey, TrustedKeys, VerifyingKey};
+use shoal_proto::{
+    Region, SignedGlobalPolicy, SignedSummary, SigningKey, TrustedKeys, VerifyingKey,
+};
 
 use crate::client::AuthorityClient;
 use crate::config::from_hex;
@@ -322,8 +324,8 @@ where
             let label = remote.region.to_string();
             match client.call(to, body, timeout).await {
                 Ok(Ok(AuthorityOk::Summaries { summaries, policy })) => {
-                    let bytes = postcard::to_allocvec(&(&summaries, &policy))
-                        .map_or(0, |b| b.len() as u64);
+                    let bytes =
+                        postcard::to_allocvec(&(&summaries, &policy)).map_or(0, |b| b.len() as u64);
                     counter!("shoal_cross_region_bytes_total", "region" => label.clone())
                         .increment(bytes);
                     counter!("shoal_region_pulls_total", "region" => label, "result" => "ok")
@@ -332,7 +334,9 @@ where
                         if regions.verify_policy(&p).is_ok() && p.policy.version > version {
                             let v = p.policy.version;
                             match propose(p).await {
-                                Ok(_) => tracing::info!(version = v, from = %remote.region, "newer global policy relayed to raft"),
+                                Ok(_) => {
+                                    tracing::info!(version = v, from = %remote.region, "newer global policy relayed to raft")
+                                }
                                 Err(AuthorityError::NotLeader { .. }) => {}
                                 Err(e) => tracing::debug!(error = %e, "global policy relay"),
                             }

@@ -176,3 +176,108 @@ impl RemoteSummaries {
         self.held.is_empty()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::Fixture;
+    use crate::view::AllAlive;
+    use shoal_proto::{LifecycleState, SigningKey};
+
+    fn keys_of(k: &SigningKey) -> TrustedKeys {
+        let mut t = TrustedKeys::new();
+        t.insert(k.verifying_key());
+        t
+    }
+
+    /// A catalog of region `test` with a READY, a DRAINING and a STARTING instance.
+    fn catalog(fx: &Fixture) -> Catalog {
+        let mut c = Catalog::new();
+        for (i, st) in [
+            ("a", LifecycleState::Ready),
+            ("b", LifecycleState::Draining),
+            ("c", LifecycleState::Starting),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let rec = fx.lifecycle(st.0, 1, i as u64 + 1, st.1);
+            let _ = c.apply_lifecycle(Arc::new(rec), &fx.keyring);
+        }
+        c
+    }
+
+    #[test]
+    fn a_summary_carries_only_routable_endpoints_and_the_region_head() {
+        let fx = Fixture::new();
+        let s = summarize(&catalog(&fx), &fx.region, &fx.key, &AllAlive, 42);
+        assert_eq!(s.routable_total, 1);
+        assert_eq!(s.endpoints.len(), 1);
+        assert_eq!(s.endpoints[0].instance.as_str(), "a");
+        assert_eq!(s.revision.0, 3);
+        assert_eq!(s.generated_at_ms, 42);
+        let down = |_: &shoal_proto::NodeId| true;
+        let none = summarize(&catalog(&fx), &fx.region, &fx.key, &down, 43);
+        assert_eq!(
+            none.routable_total, 0,
+            "owner down in the region's own view"
+        );
+    }
+
+    #[test]
+    fn held_summaries_only_get_newer_and_never_for_the_local_region() {
+        let fx = Fixture::new();
+        let key = fx.authority.clone();
+        let trusted = keys_of(&key);
+        let local = Region::new("local").unwrap();
+        let mut held = RemoteSummaries::new(local.clone());
+        let s1 = summarize(&catalog(&fx), &fx.region, &fx.key, &AllAlive, 100);
+        let mut s0 = s1.clone();
+        s0.generated_at_ms = 50;
+        assert_eq!(
+            held.offer(Arc::new(key.sign_summary(s1.clone())), &trusted, 1),
+            Ok(())
+        );
+        assert_eq!(
+            held.offer(Arc::new(key.sign_summary(s0)), &trusted, 2),
+            Err(OfferError::NotNewer),
+            "an older summary never replaces a newer one"
+        );
+        assert_eq!(
+            held.offer(Arc::new(key.sign_summary(s1.clone())), &trusted, 3),
+            Err(OfferError::NotNewer),
+            "a duplicate is not newer"
+        );
+        let mut own = s1.clone();
+        own.region = local.clone();
+        own.generated_at_ms = 200;
+        assert!(matches!(
+            held.offer(Arc::new(key.sign_summary(own)), &trusted, 4),
+            Err(OfferError::OwnRegion(_))
+        ));
+        let mut forged = s1.clone();
+        forged.generated_at_ms = 300;
+        let other = SigningKey::from_seed([9; 32]);
+        assert!(matches!(
+            held.offer(Arc::new(other.sign_summary(forged.clone())), &trusted, 5),
+            Err(OfferError::Unverified(_))
+        ));
+        let mut tampered = key.sign_summary(forged);
+        tampered.summary.routable_total = 99;
+        assert!(matches!(
+            held.offer(Arc::new(tampered), &trusted, 6),
+            Err(OfferError::Unverified(_))
+        ));
+        let h = held.get(&fx.region, &fx.key).expect("held");
+        assert_eq!(h.signed.summary.generated_at_ms, 100);
+        assert_eq!(h.received_at_ms, 1);
+        let mut newer = s1;
+        newer.generated_at_ms = 400;
+        assert_eq!(
+            held.offer(Arc::new(key.sign_summary(newer)), &trusted, 7),
+            Ok(())
+        );
+        assert_eq!(held.retain(|_, _| false), 1);
+        assert!(held.is_empty());
+    }
+}

@@ -34,7 +34,6 @@ pub use policy::{
     FailoverMode, GlobalPolicy, GlobalServicePolicy, PolicyError, PolicyRecord, RegionKeys,
     ServicePolicy, SignedGlobalPolicy, StaleAction,
 };
-pub use summary::{RegionSummary, SignedSummary, SummaryEndpoint};
 pub use record::{
     EndpointSpec, HealthRecord, HealthStatus, LabelDimension, Labels, LifecycleRecord,
     LifecycleState, NodeKey, TransitionReason, TransitionSource,
@@ -43,3 +42,4 @@ pub use sign::{
     KeyId, SignatureBytes, SignatureError, SignedHealth, SignedLifecycle, SignedPolicy, SigningKey,
     TrustedKeys, VerifyingKey,
 };
+pub use summary::{RegionSummary, SignedSummary, SummaryEndpoint};

@@ -203,7 +203,11 @@ impl GlobalPolicy {
             return Err(too_many("regions", MAX_REGIONS, self.regions.len()));
         }
         if self.services.len() > MAX_GLOBAL_SERVICES {
-            return Err(too_many("services", MAX_GLOBAL_SERVICES, self.services.len()));
+            return Err(too_many(
+                "services",
+                MAX_GLOBAL_SERVICES,
+                self.services.len(),
+            ));
         }
         if !self.regions.windows(2).all(|w| w[0].region < w[1].region) {
             return Err(GlobalPolicyError::NotSorted("regions"));
@@ -214,16 +218,20 @@ impl GlobalPolicy {
         for r in &self.regions {
             let bad = r.authority_keys.is_empty()
                 || r.authority_keys.len() > MAX_REGION_KEYS
-                || r.authority_keys.iter().any(|k| VerifyingKey::from_bytes(*k).is_err());
+                || r.authority_keys
+                    .iter()
+                    .any(|k| VerifyingKey::from_bytes(*k).is_err());
             if bad {
                 return Err(GlobalPolicyError::BadRegionKey(r.region.clone()));
             }
         }
         for s in &self.services {
-            s.policy.validate().map_err(|error| GlobalPolicyError::Service {
-                key: s.key.clone(),
-                error,
-            })?;
+            s.policy
+                .validate()
+                .map_err(|error| GlobalPolicyError::Service {
+                    key: s.key.clone(),
+                    error,
+                })?;
         }
         Ok(())
     }
@@ -305,5 +313,77 @@ mod tests {
         assert_eq!(p.validate(), Err(PolicyError::TooManyRegions { count: 17 }));
         p.allowed_failover_regions.truncate(16);
         assert_eq!(p.validate(), Ok(()));
+    }
+}
+
+#[cfg(test)]
+mod global_tests {
+    use super::*;
+    use crate::sign::SigningKey;
+
+    fn region(s: &str) -> Region {
+        Region::new(s).unwrap()
+    }
+
+    fn doc() -> GlobalPolicy {
+        GlobalPolicy {
+            version: 1,
+            issued_at_ms: 0,
+            regions: vec![
+                RegionKeys {
+                    region: region("r1"),
+                    authority_keys: vec![SigningKey::from_seed([1; 32]).verifying_key().to_bytes()],
+                },
+                RegionKeys {
+                    region: region("r2"),
+                    authority_keys: vec![SigningKey::from_seed([2; 32]).verifying_key().to_bytes()],
+                },
+            ],
+            services: vec![GlobalServicePolicy {
+                key: "prod/web/http".parse().unwrap(),
+                policy: ServicePolicy {
+                    allowed_failover_regions: vec![region("r2"), region("r1")],
+                    mode: FailoverMode::Writable,
+                    max_cross_region_rps: None,
+                    max_snapshot_age_s: None,
+                    on_stale: StaleAction::Degrade,
+                },
+            }],
+        }
+    }
+
+    #[test]
+    fn a_signed_document_verifies_only_against_its_key_and_unchanged() {
+        let k = SigningKey::from_seed([9; 32]);
+        let mut trusted = TrustedKeys::new();
+        trusted.insert(k.verifying_key());
+        let signed = k.sign_global_policy(doc());
+        assert_eq!(signed.verify(&trusted), Ok(()));
+        let mut other = TrustedKeys::new();
+        other.insert(SigningKey::from_seed([8; 32]).verifying_key());
+        assert!(signed.verify(&other).unwrap_err().contains("untrusted"));
+        let mut tampered = signed.clone();
+        tampered.policy.version = 2;
+        assert!(tampered.verify(&trusted).unwrap_err().contains("signature"));
+    }
+
+    #[test]
+    fn lookups_and_failover_targets() {
+        let d = doc();
+        assert_eq!(d.validate(), Ok(()));
+        let key: ServiceKey = "prod/web/http".parse().unwrap();
+        assert!(d.service(&key).is_some());
+        assert!(d.service(&"prod/other/http".parse().unwrap()).is_none());
+        assert_eq!(d.region_keys(&region("r2")).len(), 1);
+        assert!(d.region_keys(&region("r9")).is_empty());
+        let (r1, r2) = (region("r1"), region("r2"));
+        assert_eq!(d.failover_services(&r1, &r2).count(), 1);
+        assert_eq!(d.failover_services(&r2, &r2).count(), 0, "never to oneself");
+        let mut unsorted = d.clone();
+        unsorted.regions.reverse();
+        assert_eq!(
+            unsorted.validate(),
+            Err(GlobalPolicyError::NotSorted("regions"))
+        );
     }
 }

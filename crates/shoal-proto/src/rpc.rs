@@ -14,9 +14,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::ids::{Generation, InstanceId, NodeId, Revision, ServiceKey};
 use crate::policy::{ServicePolicy, SignedGlobalPolicy};
-use crate::summary::SignedSummary;
 use crate::record::{EndpointSpec, LifecycleState, NodeKey, TransitionReason};
 use crate::sign::{SignedLifecycle, SignedPolicy};
+use crate::summary::SignedSummary;
 
 /// One request from an agent (or an operator tool) to the authority.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -11,8 +11,8 @@ use ed25519_dalek::Signer;
 use serde::{Deserialize, Serialize};
 
 use crate::policy::{GlobalPolicy, PolicyRecord, SignedGlobalPolicy};
-use crate::summary::{RegionSummary, SignedSummary};
 use crate::record::{HealthRecord, LifecycleRecord};
+use crate::summary::{RegionSummary, SignedSummary};
 
 const LIFECYCLE_CONTEXT: &[u8] = b"shoal/lifecycle/v1\0";
 const HEALTH_CONTEXT: &[u8] = b"shoal/health/v1\0";
