@@ -526,6 +526,33 @@ pub fn endpoint_json(p: &RemotePick) -> Value {
     })
 }
 
+/// The tier of a local pick: `zone` when the endpoint is in the caller's zone, else `region`.
+pub fn local_tier(endpoint_zone: &shoal_proto::Zone, my_zone: &shoal_proto::Zone) -> Tier {
+    if endpoint_zone == my_zone {
+        Tier::Zone
+    } else {
+        Tier::Region
+    }
+}
+
+/// Fills a pick answer's body with a failover pick: `tier`, `read_only`, `endpoint`.
+pub fn answer_json(body: &mut serde_json::Map<String, Value>, p: &RemotePick) {
+    body.insert(
+        "tier".into(),
+        json!(Tier::Failover(p.region.clone()).label()),
+    );
+    body.insert("read_only".into(), json!(p.read_only));
+    body.insert("endpoint".into(), endpoint_json(p));
+}
+
+/// `GET /v1/failover`: the held global policy version and remote summaries with their age.
+pub async fn status(
+    axum::extract::State(shared): axum::extract::State<Arc<Shared>>,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    axum::Json(shared.failover.status_json()).into_response()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -726,31 +753,4 @@ mod tests {
         assert_eq!(take_intent(Some("intent=read".into())), Ok((false, None)));
         assert!(take_intent(Some("intent=delete".into())).is_err());
     }
-}
-
-/// The tier of a local pick: `zone` when the endpoint is in the caller's zone, else `region`.
-pub fn local_tier(endpoint_zone: &shoal_proto::Zone, my_zone: &shoal_proto::Zone) -> Tier {
-    if endpoint_zone == my_zone {
-        Tier::Zone
-    } else {
-        Tier::Region
-    }
-}
-
-/// Fills a pick answer's body with a failover pick: `tier`, `read_only`, `endpoint`.
-pub fn answer_json(body: &mut serde_json::Map<String, Value>, p: &RemotePick) {
-    body.insert(
-        "tier".into(),
-        json!(Tier::Failover(p.region.clone()).label()),
-    );
-    body.insert("read_only".into(), json!(p.read_only));
-    body.insert("endpoint".into(), endpoint_json(p));
-}
-
-/// `GET /v1/failover`: the held global policy version and remote summaries with their age.
-pub async fn status(
-    axum::extract::State(shared): axum::extract::State<Arc<Shared>>,
-) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    axum::Json(shared.failover.status_json()).into_response()
 }
