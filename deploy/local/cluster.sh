@@ -23,7 +23,7 @@
 # prod/nopolicy/http, like any unlisted service, has no policy).
 #
 # Addressing, region r (1-based): agents 127.0.(NET_BASE+r).1..AGENTS port 7946 (metrics :9464 on the
-# same IP), authorities 127.0.(NET_BASE+r).101.. (rpc :7100, raft :7101, mesh :7102). Region names r1, r2, ...
+# same IP), authorities 127.0.(NET_BASE+r).101.. (rpc :7100, raft :7101, mesh :7102, metrics :9464). Region names r1, r2, ...
 # Files: $RUN_DIR/<region>/{<node>.toml,<node>.log,<node>.sock,data-<node>/}, $RUN_DIR/pids/,
 # $RUN_DIR/agents.tsv (region node ip socket), $RUN_DIR/policy.{key,json,signed}, and
 # $RUN_DIR/operator/ (an operator certificate of r1 for `shoal policy push|show`).
@@ -136,6 +136,7 @@ ca = "$D/$region-ca.pem"
 cert = "$D/$region-node-$name.pem"
 key = "$D/$region-node-$name-key.pem"
 signing_key = "$D/region.key"
+metrics_addr = "$ip:9464"
 mesh_addr = "$ip:7102"
 mesh_seeds = [$(IFS=,; echo "${agent_addrs[*]}")]
 
