@@ -185,10 +185,10 @@ fo_check() { # name ok(0/1) detail-json
   [[ $2 == 1 ]] || FO_FAIL+=("$1")
 }
 sock_of() { agent_field "$1" "$2" 3; }
-pick_json() { curl -s --max-time 3 --unix-socket "$1" "http://agent/v1/services/$2/pick${3:-}"; }
+pick_json() { curl -s --max-time 3 --unix-socket "$1" "http://agent/v1/services/$2/pick${3:-}" || true; }
 summary_of() { # socket region service -> the held summary JSON or null
   curl -s --max-time 3 --unix-socket "$1" http://agent/v1/failover |
-    jq -c --arg r "$2" --arg s "$3" '[.summaries[] | select(.region == $r and .service == $s)][0]'
+    jq -c --arg r "$2" --arg s "$3" '[.summaries[] | select(.region == $r and .service == $s)][0]' || true
 }
 R1A1=$(sock_of 1 1); R2A1=$(sock_of 2 1)
 # A service without policy and a capped one, both only in r2.
@@ -206,12 +206,14 @@ done
 phase failover_start
 r1_live=()
 for i in "${GEN2[@]}"; do
-  [[ ${BREG[$i]} == 1 && -n ${BPID[$i]:-} && $i != "$drain_inst" ]] && r1_live+=("$i")
+  # Not the instances of the agent killed earlier: its node is down, they are not routable.
+  [[ ${BREG[$i]} == 1 && -n ${BPID[$i]:-} && $i != "$drain_inst" && ${BNODE[$i]} != "$victim_agent" ]] && r1_live+=("$i")
 done
 for i in "${r1_live[@]}"; do
   t0=$(now)
-  out=$(curl -s --max-time 20 --unix-socket "${BSOCK[$i]}" -X POST "http://agent/v1/services/$SERVICE/instances/$i/drain")
+  out=$(curl -s --max-time 20 --unix-socket "${BSOCK[$i]}" -X POST "http://agent/v1/services/$SERVICE/instances/$i/drain" || true)
   rev=$(jq -r '.revision // "null"' <<<"$out" 2>/dev/null || echo null)
+  [[ $rev =~ ^[0-9]+$ ]] || { FO_FAIL+=("drain of $i failed: $out"); rev=null; }
   printf '{"t_ms":%s,"t_ack_ms":%s,"kind":"drain","instance":"%s","revision":%s,"by":"failover"}\n' "$t0" "$(now)" "$i" "$rev" >> "$EV"
 done
 event failover_r1_drained ",\"instances\":$(printf '%s\n' "${r1_live[@]}" | jq -R . | jq -sc .)"
@@ -246,7 +248,8 @@ p=$(pick_json "$R2A1" "$SERVICE")
 fo_check "r2 without quorum still serves reads" \
   "$(jq -r 'if .tier == "zone" or .tier == "region" then 1 else 0 end' <<<"$p")" "$p"
 code=$(curl -s -o "$RUN_DIR/isolation-write.json" -w '%{http_code}' --max-time 30 --unix-socket "$R2A1" \
-  -X POST -d '{"instance":"iso-1","address":"127.0.0.9:9"}' "http://agent/v1/services/$SERVICE/register")
+  -X POST -d '{"instance":"iso-1","address":"127.0.0.9:9"}' "http://agent/v1/services/$SERVICE/register" || true)
+[[ $code =~ ^[0-9]+$ ]] || code=0
 fo_check "r2 without quorum refuses writes" "$([[ $code == 503 ]] && echo 1 || echo 0)" "{\"http\":$code}"
 after=$(summary_of "$R1A1" r2 "$SERVICE")
 fo_check "r1 keeps r2's last summary unchanged, older" \
