@@ -2,25 +2,37 @@
 # A local multi-region shoal cluster: REGIONS x (AUTHORITIES Raft replicas + AGENTS agents), every
 # process on its own 127.0.x.y address, certificates from `shoal certs`, one region signing key
 # per region (`shoal authority keygen`), logs / sockets / data under one run directory.
+# One global policy key (`shoal policy keygen`) that every authority and agent trusts; each
+# authority replica holds a `gateway-*` certificate from every other region's CA and pulls
+# that region's failover summaries (docs/adr/0013-global-policy-and-failover.md). Once up, the
+# global policy ($POLICY, or the default below) is signed and pushed to r1's authority only;
+# the other regions' authorities pull it from there, and the script waits until every agent
+# of every region holds it.
 #
 #   deploy/local/cluster.sh            start and stay in the foreground; Ctrl-C stops everything
 #   deploy/local/cluster.sh start      start in the background and return once every agent is active
 #   deploy/local/cluster.sh stop       stop a background cluster (SIGTERM, then SIGKILL after 10 s)
 #   deploy/local/cluster.sh status     one line per process
 #
-# Environment: REGIONS (2), AUTHORITIES (3), AGENTS (8), RUN_DIR (/tmp/shoal-cluster),
+# Environment: REGIONS (3), AUTHORITIES (3), AGENTS (8), RUN_DIR (/tmp/shoal-cluster),
 # SHOAL (target/release/shoal, or $CARGO_TARGET_DIR/release/shoal), FAST_SWIM=1 (test-speed SWIM
-# timings instead of the defaults), KEEP=1 (reuse an existing run dir instead of wiping it).
+# timings instead of the defaults), KEEP=1 (reuse an existing run dir instead of wiping it),
+# NET_BASE (20: region r lives on 127.0.(NET_BASE+r).*), PULL_MS (500: failover pulls), POLICY
+# (a policy JSON for `shoal policy sign`; default: prod/web/http read-only failover to the other
+# regions in order, prod/capped/http writable failover capped at 2 requests/s per agent;
+# prod/nopolicy/http, like any unlisted service, has no policy).
 #
-# Addressing, region r (1-based): agents 127.0.(20+r).1..AGENTS port 7946 (metrics :9464 on the
-# same IP), authorities 127.0.(20+r).101.. (rpc :7100, raft :7101, mesh :7102). Region names r1, r2, ...
+# Addressing, region r (1-based): agents 127.0.(NET_BASE+r).1..AGENTS port 7946 (metrics :9464 on the
+# same IP), authorities 127.0.(NET_BASE+r).101.. (rpc :7100, raft :7101, mesh :7102, metrics :9464). Region names r1, r2, ...
 # Files: $RUN_DIR/<region>/{<node>.toml,<node>.log,<node>.sock,data-<node>/}, $RUN_DIR/pids/,
-# $RUN_DIR/agents.tsv (region node ip socket).
+# $RUN_DIR/agents.tsv (region node ip socket), $RUN_DIR/policy.{key,json,signed}, and
+# $RUN_DIR/operator/ (an operator certificate of r1 for `shoal policy push|show`).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 SHOAL=${SHOAL:-$TARGET/release/shoal}
-REGIONS=${REGIONS:-2}
+REGIONS=${REGIONS:-3}
+NET_BASE=${NET_BASE:-20}
 AUTHORITIES=${AUTHORITIES:-3}
 AGENTS=${AGENTS:-8}
 RUN_DIR=${RUN_DIR:-/tmp/shoal-cluster}
@@ -69,6 +81,16 @@ if [[ $MODE == foreground ]]; then
 fi
 : > "$RUN_DIR/agents.tsv"
 
+# Every region's CA and signing key first: authorities need the other regions' CAs (gateway
+# certificates) and the global policy lists every region's key.
+policy_pub=$("$SHOAL" policy keygen --out "$RUN_DIR/policy.key")
+declare -A REGION_PUB
+for r in $(seq 1 "$REGIONS"); do
+  D=$RUN_DIR/r$r; mkdir -p "$D"
+  "$SHOAL" certs ca --region "r$r" --out "$D" >/dev/null
+  REGION_PUB[r$r]=$("$SHOAL" authority keygen --out "$D/region.key")
+done
+
 SWIM=""
 if [[ ${FAST_SWIM:-0} == 1 ]]; then
   SWIM=$'probe_period_ms = 200\nprobe_rtt_ms = 80\nsuspect_to_down_after_ms = 600\nperiodic_gossip_ms = 100\njoin_retry_ms = 200\nanti_entropy_interval_ms = 500\n'
@@ -81,10 +103,8 @@ spawn() { # name log cmd...
 }
 
 for r in $(seq 1 "$REGIONS"); do
-  region=r$r; net=127.0.$((20 + r)); D=$RUN_DIR/$region
-  mkdir -p "$D"
-  "$SHOAL" certs ca --region "$region" --out "$D" >/dev/null
-  pub=$("$SHOAL" authority keygen --out "$D/region.key")
+  region=r$r; net=127.0.$((NET_BASE + r)); D=$RUN_DIR/$region
+  pub=${REGION_PUB[$region]}
   agent_addrs=(); rpc_addrs=(); mesh_addrs=()
   for j in $(seq 1 "$AGENTS"); do agent_addrs+=("\"$net.$j:7946\""); done
   for i in $(seq 1 "$AUTHORITIES"); do
@@ -98,6 +118,16 @@ for r in $(seq 1 "$REGIONS"); do
   for i in $(seq 1 "$AUTHORITIES"); do
     name=$region-auth$i; ip=$net.$((100 + i))
     "$SHOAL" certs node --node-id "$name" --region "$region" --out "$D" >/dev/null
+    remotes=""
+    for o in $(seq 1 "$REGIONS"); do
+      [[ $o == "$r" ]] && continue
+      OD=$RUN_DIR/r$o; onet=127.0.$((NET_BASE + o)); gw=gateway-$name
+      "$SHOAL" certs node --node-id "$gw" --region "r$o" --out "$OD" >/dev/null
+      oaddrs=$(for k in $(seq 1 "$AUTHORITIES"); do printf '"%s:7100",' "$onet.$((100 + k))"; done)
+      remotes+=$'[[failover.remote_regions]]\n'"region = \"r$o\""$'\n'"addresses = [${oaddrs%,}]"$'\n'
+      remotes+="ca = \"$OD/r$o-ca.pem\""$'\n'"cert = \"$OD/r$o-node-$gw.pem\""$'\n'"key = \"$OD/r$o-node-$gw-key.pem\""$'\n'
+      remotes+="listen = \"$ip:0\""$'\n\n'
+    done
     cat > "$D/$name.toml" <<CONF
 id = $i
 region = "$region"
@@ -106,6 +136,7 @@ ca = "$D/$region-ca.pem"
 cert = "$D/$region-node-$name.pem"
 key = "$D/$region-node-$name-key.pem"
 signing_key = "$D/region.key"
+metrics_addr = "$ip:9464"
 mesh_addr = "$ip:7102"
 mesh_seeds = [$(IFS=,; echo "${agent_addrs[*]}")]
 
@@ -113,6 +144,11 @@ mesh_seeds = [$(IFS=,; echo "${agent_addrs[*]}")]
 cluster_size = $((AGENTS + AUTHORITIES))
 $SWIM
 $members
+[failover]
+policy_keys = ["$policy_pub"]
+pull_ms = ${PULL_MS:-500}
+
+$remotes
 CONF
     spawn "$name" "$D/$name.log" env RUST_LOG=info,openraft=warn "$SHOAL" authority run --config "$D/$name.toml"
   done
@@ -148,6 +184,10 @@ $SWIM
 [access]
 # Development policy: every local caller may do everything (logged loudly at start).
 dev_allow_all = true
+
+[failover]
+policy_keys = ["$policy_pub"]
+pull_ms = ${PULL_MS:-500}
 CONF
     spawn "$name" "$D/$name.log" env SHOAL_LOG=info "$SHOAL" agent --config "$D/$name.toml"
     printf '%s\t%s\t%s\t%s\n' "$region" "$name" "$ip" "$D/$name.sock" >> "$RUN_DIR/agents.tsv"
@@ -166,6 +206,50 @@ while IFS=$'\t' read -r region name ip sock; do
     sleep 0.5
   done
 done < "$RUN_DIR/agents.tsv"
+# The global policy: written once, signed with the policy key, pushed to r1's authority only.
+if [[ -z ${POLICY:-} ]]; then
+  POLICY=$RUN_DIR/policy.json
+  targets=$(for o in $(seq 2 "$REGIONS") 1; do printf '"r%s",' "$o"; done)
+  regions_json=$(for o in $(seq 1 "$REGIONS"); do printf '{"region":"r%s","authority_keys":["%s"]},' "$o" "${REGION_PUB[r$o]}"; done)
+  cat > "$POLICY" <<JSON
+{"version": 1,
+ "regions": [${regions_json%,}],
+ "services": [
+  {"service": "prod/web/http", "allowed_failover_regions": [${targets%,}], "mode": "read_only",
+   "max_cross_region_rps": 1000, "max_snapshot_age_s": 600, "on_stale": "degrade"},
+  {"service": "prod/capped/http", "allowed_failover_regions": [${targets%,}], "mode": "writable",
+   "max_cross_region_rps": 2, "max_snapshot_age_s": 600, "on_stale": "refuse"}
+ ]}
+JSON
+fi
+"$SHOAL" certs node --node-id operator-1 --region r1 --out "$RUN_DIR/r1" >/dev/null
+mkdir -p "$RUN_DIR/operator"
+cp "$RUN_DIR/r1/r1-ca.pem" "$RUN_DIR/r1/r1-node-operator-1.pem" "$RUN_DIR/r1/r1-node-operator-1-key.pem" "$RUN_DIR/operator/"
+"$SHOAL" policy sign --key "$RUN_DIR/policy.key" --in "$POLICY" --out "$RUN_DIR/policy.signed" >/dev/null
+want=$(jq -r .version "$POLICY")
+pushed=0
+for _ in $(seq 1 60); do
+  if "$SHOAL" policy push "$RUN_DIR/policy.signed" --addr "127.0.$((NET_BASE + 1)).101:7100" \
+      --ca "$RUN_DIR/operator/r1-ca.pem" --cert "$RUN_DIR/operator/r1-node-operator-1.pem" \
+      --key "$RUN_DIR/operator/r1-node-operator-1-key.pem" > "$RUN_DIR/policy.pushed.json" 2>"$RUN_DIR/policy.push.err"; then
+    pushed=1; break
+  fi
+  grep -q "not above the held version" "$RUN_DIR/policy.push.err" && { pushed=1; break; }
+  sleep 1
+done
+[[ $pushed == 1 ]] || { echo "policy push to r1 failed: $(cat "$RUN_DIR/policy.push.err")" >&2; [[ $MODE == foreground ]] && stop_all; exit 1; }
+policy_deadline=$((SECONDS + 60))
+while IFS=$'\t' read -r region name ip sock; do
+  until [[ $(curl -sf --max-time 2 --unix-socket "$sock" http://agent/v1/failover | jq -r .policy_version 2>/dev/null) == "$want" ]]; do
+    if (( SECONDS > policy_deadline )); then
+      echo "agent $name does not hold global policy version $want; see $RUN_DIR/$region/$name.log" >&2
+      [[ $MODE == foreground ]] && stop_all
+      exit 1
+    fi
+    sleep 0.5
+  done
+done < "$RUN_DIR/agents.tsv"
+echo "global policy version $want on every agent of every region (pushed to r1 only)"
 echo "cluster up: $REGIONS region(s) x ($AUTHORITIES authorities + $AGENTS agents) in $RUN_DIR"
 echo "  sockets: $RUN_DIR/<region>/<region>-a<j>.sock   e.g. shoal --socket $RUN_DIR/r1/r1-a1.sock members"
 

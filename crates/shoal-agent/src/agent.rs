@@ -159,6 +159,9 @@ pub async fn run_until(
     metrics::gauge!("shoal_api_connection_cap", "scope" => "per_uid").set(max_per_uid as f64);
     let owners = crate::access::Owners::load(&raw.data_dir);
     let local_probes = crate::local_probes::LocalProbes::load(&raw.data_dir);
+    let policy_keys = crate::failover::parse_policy_keys(&raw.failover.policy_keys)
+        .map_err(|e| anyhow::anyhow!(e))?;
+    let failover = crate::failover::Failover::new(cfg.region.clone(), policy_keys, &raw.data_dir);
     let (driver_tx, driver_rx) = mpsc::channel(4096);
     let shared = Arc::new(Shared {
         node_key_hex: keys::to_hex(&node_key.verifying_key().to_bytes()),
@@ -174,6 +177,7 @@ pub async fn run_until(
         local_probes,
         refusals: Default::default(),
         member_changes: Default::default(),
+        failover,
         mesh: RwLock::new(mesh),
         origin: tokio::time::Instant::now(),
         index: crate::api::ViewIndex::new(boot),
@@ -198,6 +202,7 @@ pub async fn run_until(
         tokio::spawn(status_loop(shared.clone())),
         tokio::spawn(bind_node_key(shared.clone())),
         tokio::spawn(register_configured(shared.clone())),
+        tokio::spawn(crate::failover::pull_loop(shared.clone())),
         tls::spawn_reloader(tls, tls_paths, Duration::from_secs(10), tls::record_metrics)
             .context("SIGHUP handler")?,
     ];

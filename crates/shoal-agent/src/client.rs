@@ -42,6 +42,10 @@ fn op_name(body: &AuthorityRequestBody) -> &'static str {
         AuthorityRequestBody::RevokeNode { .. } => "revoke_node",
         AuthorityRequestBody::ReadmitNode { .. } => "readmit_node",
         AuthorityRequestBody::Members(_) => "members",
+        AuthorityRequestBody::PutGlobalPolicy { .. } => "put_global_policy",
+        AuthorityRequestBody::GetGlobalPolicy => "get_global_policy",
+        AuthorityRequestBody::RegionSummaries { .. } => "region_summaries",
+        AuthorityRequestBody::FailoverFeed { .. } => "failover_feed",
     }
 }
 
@@ -75,7 +79,7 @@ pub async fn call_for(
         Err(CallError::Refused { .. }) => "refused",
         Err(CallError::Invalid(_)) => "invalid",
     };
-    if op != "status" {
+    if op != "status" && op != "failover_feed" {
         histogram!("shoal_authority_rpc_seconds", "op" => op).record(elapsed);
         counter!("shoal_authority_writes_total", "op" => op, "result" => label).increment(1);
     }

@@ -186,6 +186,9 @@ pub struct AgentConfig {
     /// `[xds]`: the opt-in xDS (ADS) server for Envoy and proxyless gRPC (crate `shoal-xds`).
     #[serde(default)]
     pub xds: shoal_xds::XdsConfig,
+    /// Global policy keys and the failover feed (docs/adr/0013-global-policy-and-failover.md).
+    #[serde(default)]
+    pub failover: crate::failover::FailoverConfig,
 }
 
 fn default_socket() -> PathBuf {

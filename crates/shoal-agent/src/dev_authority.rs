@@ -166,6 +166,19 @@ impl DevAuthority {
                     "the development authority has no replica set".into(),
                 ))
             }
+            AuthorityRequestBody::PutGlobalPolicy { .. }
+            | AuthorityRequestBody::RegionSummaries { .. } => {
+                return Err(AuthorityError::Invalid(
+                    "the development authority holds no global policy (ADR 0013)".into(),
+                ))
+            }
+            AuthorityRequestBody::GetGlobalPolicy => return Ok(AuthorityOk::GlobalPolicy(None)),
+            AuthorityRequestBody::FailoverFeed { .. } => {
+                return Ok(AuthorityOk::Summaries {
+                    summaries: Vec::new(),
+                    policy: None,
+                })
+            }
             AuthorityRequestBody::Status => {
                 return Ok(AuthorityOk::Status(AuthorityStatus {
                     node: self.node.clone(),

@@ -23,6 +23,7 @@ pub mod dev_authority;
 pub mod dns;
 pub mod driver;
 pub mod health_endpoints;
+pub mod failover;
 pub mod keys;
 pub mod listener;
 pub mod local_probes;

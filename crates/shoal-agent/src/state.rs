@@ -114,6 +114,8 @@ pub struct Shared {
     /// for `shoal members` ("last change"). At most [`MAX_MEMBER_CHANGES`] nodes; changes of
     /// nodes beyond that are not recorded (counted in `shoal_member_changes_dropped_total`).
     pub member_changes: Mutex<HashMap<shoal_proto::NodeId, u64>>,
+    /// Global policy and remote summaries, beside the catalog (ADR 0013).
+    pub failover: crate::failover::Failover,
 }
 
 /// Bound of [`Shared::member_changes`] (a region is ~1,667 nodes; nodes that left stay listed).

@@ -185,7 +185,10 @@ pub fn members_json(v: &shoal_proto::rpc::MembersView) -> serde_json::Value {
 }
 
 /// Sends one operator request, following leader redirects (at most 3).
-async fn operator_call(c: &Connect, body: AuthorityRequestBody) -> anyhow::Result<AuthorityOk> {
+pub(crate) async fn operator_call(
+    c: &Connect,
+    body: AuthorityRequestBody,
+) -> anyhow::Result<AuthorityOk> {
     let client = AuthorityClient::connect(
         "127.0.0.1:0".parse().expect("addr"),
         &read_pem_file(&c.ca)?,

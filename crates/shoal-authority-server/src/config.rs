@@ -165,6 +165,9 @@ pub struct AuthorityConfig {
     /// Tuning of the embedded member.
     #[serde(default)]
     pub mesh: MeshKnobs,
+    /// Global policy keys and remote regions (docs/adr/0013-global-policy-and-failover.md).
+    #[serde(default)]
+    pub failover: crate::regions::FailoverConfig,
 }
 
 /// `[mesh]`: the embedded member's SWIM / dissemination knobs (ms; unset = the tuned default

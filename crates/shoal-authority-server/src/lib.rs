@@ -25,6 +25,8 @@ pub mod config;
 pub mod files;
 pub mod member;
 pub mod network;
+pub mod policy_cli;
+pub mod regions;
 pub mod server;
 pub mod storage;
 pub mod types;

@@ -78,6 +78,12 @@ pub struct MemberSettings {
 
 enum MemberCmd {
     Publish(Vec<Arc<SignedLifecycle>>),
+    /// Summaries of these services for other regions (ADR 0013), built at this wall ms.
+    Summaries(
+        Vec<shoal_proto::ServiceKey>,
+        u64,
+        oneshot::Sender<Vec<shoal_proto::RegionSummary>>,
+    ),
     Join(Vec<SocketAddr>),
     Stop(oneshot::Sender<()>),
 }
@@ -97,6 +103,7 @@ impl std::fmt::Debug for MemberCmd {
         match self {
             Self::Publish(r) => write!(f, "Publish({})", r.len()),
             Self::Join(s) => write!(f, "Join({s:?})"),
+            Self::Summaries(k, _, _) => write!(f, "Summaries({})", k.len()),
             Self::Stop(_) => write!(f, "Stop"),
         }
     }
@@ -120,6 +127,26 @@ impl MemberHandle {
                 false
             }
         }
+    }
+
+    /// Summaries of `keys` in this region from the member's catalog (routable endpoints in
+    /// its own SWIM view; see `shoal_catalog::remote::summarize`), built at wall ms
+    /// `generated_at_ms`. Empty when the member has stopped or its queue is full (counted).
+    pub async fn summaries(
+        &self,
+        keys: Vec<shoal_proto::ServiceKey>,
+        generated_at_ms: u64,
+    ) -> Vec<shoal_proto::RegionSummary> {
+        let (tx, rx) = oneshot::channel();
+        if self
+            .tx
+            .try_send(MemberCmd::Summaries(keys, generated_at_ms, tx))
+            .is_err()
+        {
+            counter!("shoal_authority_mesh_dropped_total", "queue" => "summaries").increment(1);
+            return Vec::new();
+        }
+        rx.await.unwrap_or_default()
     }
 
     /// Reads the current view.
@@ -344,6 +371,17 @@ impl MemberDriver {
                     Some(MemberCmd::Join(seeds)) => {
                         let now = self.now_ms();
                         self.pump(|m| m.handle_command(now, Command::Join { seeds }));
+                    }
+                    Some(MemberCmd::Summaries(keys, at_ms, reply)) => {
+                        let region = self.mesh.region().clone();
+                        let liveness = self.mesh.liveness();
+                        let out = keys
+                            .iter()
+                            .map(|k| shoal_catalog::remote::summarize(
+                                self.mesh.catalog(), &region, k, &liveness, at_ms,
+                            ))
+                            .collect();
+                        let _ = reply.send(out);
                     }
                     Some(MemberCmd::Stop(done)) => break Some(done),
                     None => break None,

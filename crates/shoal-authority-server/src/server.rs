@@ -130,6 +130,8 @@ pub struct Replica {
     /// The term this replica last saw itself leader of, and since when.
     leader_since: std::sync::Mutex<Option<(u64, Instant)>>,
     member: Option<MemberHandle>,
+    /// Cross-region duties: global policy checks, remote summaries (ADR 0013).
+    regions: Arc<crate::regions::Regions>,
     /// Reloads the TLS material of every transport on SIGHUP.
     reloader: tokio::task::JoinHandle<()>,
     tls: TlsState,
@@ -267,6 +269,7 @@ impl Replica {
         let (applied_tx, applied_rx) = mpsc::channel(APPLIED_QUEUE);
         let log = LogStore::open(&cfg.data_dir).context("opening the raft log")?;
         let pristine = log.last_index().is_none() && log.vote().is_none();
+        let summary_key = signing_key.clone();
         let sm = StateMachineStore::open(
             &cfg.data_dir,
             cfg.region.clone(),
@@ -274,6 +277,13 @@ impl Replica {
             Some(applied_tx),
         )
         .context("opening the state machine")?;
+        let regions = Arc::new(crate::regions::Regions::new(
+            cfg.region.clone(),
+            cfg.failover.clone(),
+            summary_key,
+            sm.clone(),
+            member.clone(),
+        )?);
 
         let (raft_t, raft_in) = Transport::bind(transport_config(
             crate::config::resolve_now(&me.raft_addr)?,
@@ -359,6 +369,7 @@ impl Replica {
             last_checkpoint_ms: AtomicU64::new(0),
             leader_since: std::sync::Mutex::new(None),
             member: member.clone(),
+            regions: regions.clone(),
             reloader: tls::spawn_reloader(
                 tls.clone(),
                 tls_paths,
@@ -372,6 +383,18 @@ impl Replica {
         tokio::spawn(replica.clone().serve_rpc(rpc_in));
         tokio::spawn(replica.clone().leader_duties());
         tokio::spawn(drain_applied(applied_rx, member));
+        let relay = Arc::downgrade(&replica);
+        tokio::spawn(crate::regions::pull_loop(regions, move |signed| {
+            let relay = relay.clone();
+            async move {
+                let Some(r) = relay.upgrade() else {
+                    return Err(AuthorityError::NoQuorum);
+                };
+                let me = r.tls().identity().clone();
+                r.handle(&me, AuthorityRequestBody::PutGlobalPolicy { signed })
+                    .await
+            }
+        }));
         tracing::info!(id = replica.cfg.id, node = %me.node, rpc = %me.rpc_addr, raft = %me.raft_addr, "authority replica started");
         Ok(replica)
     }
@@ -534,9 +557,35 @@ impl Replica {
         on_behalf_of: Option<LocalCaller>,
     ) -> Result<AuthorityOk, AuthorityError> {
         let caller = caller_of(peer, &self.operators);
+        if !crate::regions::gateway_may(peer.node_id.as_str(), &body) {
+            return Err(AuthorityError::Refused {
+                code: "gateway_read_only".into(),
+                reason: "gateway identities (other regions' authorities) may only read".into(),
+            });
+        }
         let (cmd, policy_key) = match body {
             AuthorityRequestBody::Status => return Ok(AuthorityOk::Status(self.status())),
             AuthorityRequestBody::Members(op) => return self.members(peer, &caller, op).await,
+            AuthorityRequestBody::GetGlobalPolicy => {
+                return Ok(AuthorityOk::GlobalPolicy(
+                    self.sm.with_state(|s| s.global_policy().cloned()),
+                ))
+            }
+            AuthorityRequestBody::RegionSummaries {
+                keys,
+                policy_version,
+            } => return Ok(self.regions.serve_summaries(keys, policy_version).await),
+            AuthorityRequestBody::FailoverFeed { policy_version } => {
+                return Ok(self.regions.feed(policy_version))
+            }
+            AuthorityRequestBody::PutGlobalPolicy { signed } => {
+                self.regions.verify_policy(&signed)?;
+                let cmd = AuthorityCommand::PutGlobalPolicy { caller, signed };
+                self.write(cmd, on_behalf_of).await?;
+                return Ok(AuthorityOk::GlobalPolicy(
+                    self.sm.with_state(|s| s.global_policy().cloned()),
+                ));
+            }
             AuthorityRequestBody::GetPolicy { key } => {
                 return Ok(AuthorityOk::Policy(
                     self.sm.with_state(|s| s.policy(&key).cloned()),

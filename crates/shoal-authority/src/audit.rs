@@ -70,6 +70,13 @@ pub enum CommandSummary {
         /// New leader monotonic ms.
         now_ms: u64,
     },
+    /// A global policy document (ADR 0013).
+    PutGlobalPolicy {
+        /// Its version.
+        version: u64,
+        /// The policy key that signed it.
+        signer: KeyId,
+    },
     /// A policy write.
     PutPolicy {
         /// Service key.

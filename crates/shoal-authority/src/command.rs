@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use shoal_proto::{
     EndpointSpec, Generation, InstanceId, LifecycleState, NodeId, NodeKey, ServiceKey,
-    ServicePolicy, SigningKey, TransitionReason,
+    ServicePolicy, SignedGlobalPolicy, SigningKey, TransitionReason,
 };
 
 use crate::caller::Caller;
@@ -119,6 +119,18 @@ pub enum AuthorityCommand {
         caller: Caller,
         /// The node.
         node: NodeId,
+    },
+    /// Store the global policy document (docs/adr/0013-global-policy-and-failover.md). The
+    /// replica that proposes it has verified its signature against the global policy keys it
+    /// trusts (the signature is the authorisation, whoever relays it); the state keeps it
+    /// only when its version is above the held one, so replays and late older copies are
+    /// refused and audited.
+    PutGlobalPolicy {
+        /// Who relayed it: an operator tool, or (when a replica pulled a newer document from
+        /// another region's authority) the proposing replica's own node identity.
+        caller: Caller,
+        /// The signed document.
+        signed: SignedGlobalPolicy,
     },
     /// Store (replace) the signed cross-region policy of `key`. Operators only.
     PutPolicy {

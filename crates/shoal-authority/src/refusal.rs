@@ -112,6 +112,18 @@ pub enum InvalidRequest {
     /// The node key is not a valid ed25519 public key.
     #[error("node key is not a valid ed25519 public key")]
     NodeKey,
+    /// A global policy document whose version is not above the held one (a replay, or an
+    /// older document arriving late from another region).
+    #[error("global policy version {offered} is not above the held version {held}")]
+    GlobalPolicyVersion {
+        /// Version offered.
+        offered: u64,
+        /// Version held.
+        held: u64,
+    },
+    /// The global policy document is out of bounds.
+    #[error("global policy: {0}")]
+    GlobalPolicy(String),
     /// The log index did not increase: the driver applied an entry twice or out of order.
     #[error("log index {log_index} is not above the last applied {last_applied}")]
     LogIndexNotIncreasing {

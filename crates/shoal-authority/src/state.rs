@@ -6,15 +6,20 @@ use serde::{Deserialize, Serialize};
 use shoal_catalog::check_transition;
 use shoal_proto::rpc::LocalCaller;
 use shoal_proto::{
-    EndpointSpec, Generation, InstanceId, KeyId, LifecycleRecord, LifecycleState, NodeId, NodeKey,
+    EndpointSpec, Generation, InstanceId, LifecycleRecord, LifecycleState, NodeId, NodeKey,
     PolicyRecord, Region, Revision, ServiceKey, ServicePolicy, SignedLifecycle, SignedPolicy,
     TransitionReason, TransitionSource, VerifyingKey,
 };
 
-use crate::audit::{AuditEntry, AuditLog, AuditOutcome, CommandSummary, DEFAULT_AUDIT_CAPACITY};
-use crate::caller::{Caller, CallerId, MAX_SCOPES};
+use crate::audit::{AuditEntry, AuditLog, AuditOutcome, DEFAULT_AUDIT_CAPACITY};
+use crate::caller::{Caller, MAX_SCOPES};
 use crate::command::{ApplyContext, AuthorityCommand, LeaseCredit};
 use crate::refusal::{InvalidRequest, Refusal};
+
+mod audit_summary;
+mod global_policy;
+
+use audit_summary::{caller_id, summary};
 
 /// Shortest lease a registration may ask for, in ms. Shorter leases would let a brief mesh
 /// hiccup expire healthy records (the mesh needs seconds to declare a node down and up again).
@@ -180,6 +185,8 @@ pub struct AuthorityState {
     down_carried_ms: BTreeMap<NodeId, u64>,
     /// Counter of lease checkpoints (`ExpireLeases` with nodes down, and takeovers).
     lease_checkpoint: u64,
+    /// The global policy document (ADR 0013), if one was stored.
+    global_policy: Option<shoal_proto::SignedGlobalPolicy>,
 }
 
 /// A cluster incarnation started by restoring a backup (see [`AuthorityState::raise_floor`]).
@@ -220,6 +227,7 @@ impl AuthorityState {
             incarnation: None,
             down_carried_ms: BTreeMap::new(),
             lease_checkpoint: 0,
+            global_policy: None,
         }
     }
 
@@ -527,6 +535,10 @@ impl AuthorityState {
                 self.check_policy(&caller, &key, &policy)?;
                 let revision = self.store_policy(key, policy, ctx);
                 Ok((Vec::new(), Some(revision)))
+            }
+            AuthorityCommand::PutGlobalPolicy { signed, .. } => {
+                self.put_global_policy(signed)?;
+                Ok((Vec::new(), None))
             }
             AuthorityCommand::BindNodeKey { caller, key } => {
                 let node = self.check_bind(&caller, &key)?;
@@ -1055,76 +1067,5 @@ fn illegal(e: shoal_catalog::IllegalTransition) -> Refusal {
         from: e.from,
         to: e.to,
         reason: e.reason,
-    }
-}
-
-fn caller_id(cmd: &AuthorityCommand) -> CallerId {
-    match cmd {
-        AuthorityCommand::Register { caller, .. }
-        | AuthorityCommand::Transition { caller, .. }
-        | AuthorityCommand::PutPolicy { caller, .. }
-        | AuthorityCommand::BindNodeKey { caller, .. }
-        | AuthorityCommand::RevokeNode { caller, .. }
-        | AuthorityCommand::ReadmitNode { caller, .. } => caller.id(),
-        AuthorityCommand::NodeDown { .. }
-        | AuthorityCommand::NodeUp { .. }
-        | AuthorityCommand::ExpireLeases { .. }
-        | AuthorityCommand::LeaderTakeover { .. } => CallerId::Authority,
-    }
-}
-
-fn summary(cmd: &AuthorityCommand) -> CommandSummary {
-    match cmd {
-        AuthorityCommand::Register {
-            key,
-            instance,
-            on_node,
-            lease_ms,
-            endpoint,
-            ..
-        } => CommandSummary::Register {
-            key: key.clone(),
-            instance: instance.clone(),
-            on_node: on_node.clone(),
-            address: endpoint.address,
-            lease_ms: *lease_ms,
-        },
-        AuthorityCommand::Transition {
-            key,
-            instance,
-            generation,
-            to,
-            reason,
-            ..
-        } => CommandSummary::Transition {
-            key: key.clone(),
-            instance: instance.clone(),
-            generation: *generation,
-            to: *to,
-            reason: *reason,
-        },
-        AuthorityCommand::NodeDown { node, at_ms } => CommandSummary::NodeDown {
-            node: node.clone(),
-            at_ms: *at_ms,
-        },
-        AuthorityCommand::NodeUp { node } => CommandSummary::NodeUp { node: node.clone() },
-        AuthorityCommand::ExpireLeases { now_ms } => {
-            CommandSummary::ExpireLeases { now_ms: *now_ms }
-        }
-        AuthorityCommand::LeaderTakeover { now_ms, .. } => {
-            CommandSummary::LeaderTakeover { now_ms: *now_ms }
-        }
-        AuthorityCommand::PutPolicy { key, .. } => CommandSummary::PutPolicy { key: key.clone() },
-        AuthorityCommand::BindNodeKey { key, .. } => {
-            let mut id = [0u8; 8];
-            id.copy_from_slice(&key[..8]);
-            CommandSummary::BindNodeKey { key: KeyId(id) }
-        }
-        AuthorityCommand::RevokeNode { node, .. } => {
-            CommandSummary::RevokeNode { node: node.clone() }
-        }
-        AuthorityCommand::ReadmitNode { node, .. } => {
-            CommandSummary::ReadmitNode { node: node.clone() }
-        }
     }
 }

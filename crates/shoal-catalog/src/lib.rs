@@ -21,6 +21,7 @@
 pub mod catalog;
 pub mod heads;
 pub mod lifecycle;
+pub mod remote;
 pub mod snapshot;
 pub mod testkit;
 pub mod verify;

@@ -123,6 +123,11 @@ enum Cmd {
         #[command(subcommand)]
         cmd: authority::AuthorityCmd,
     },
+    /// Global policy: key, signing, delivery to authorities (docs/adr/0013).
+    Policy {
+        #[command(subcommand)]
+        cmd: shoal_authority_server::policy_cli::PolicyCmd,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -268,6 +273,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.cmd {
         Cmd::Agent(a) => run_agent(a, cli.socket).await,
         Cmd::Authority { cmd } => authority::run(cmd).await.map(|()| 0),
+        Cmd::Policy { cmd } => shoal_authority_server::policy_cli::run(cmd)
+            .await
+            .map(|()| 0),
         Cmd::Certs { cmd } => certs(cmd).map(|()| 0),
         Cmd::Snapshot {
             cmd: SnapshotCmd::Inspect { file },

@@ -160,6 +160,7 @@ fn one(a: &Args, svc: &str) -> Value {
         "generation": generation,
         "outcome": outcome,
         "stale": v["stale"],
+        "tier": v["tier"],
         "reported": reported,
         "latency_ms": start.elapsed().as_millis() as u64,
     })

@@ -357,12 +357,21 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let mut phases = serde_json::Map::new();
     let mut roll_discovery_failures = 0u64;
     let mut outage_ok = 0u64;
+    let mut failover_failed = 0u64;
+    // The failover phase (ADR 0013), when the scenario ran one, ends the `recovered` window.
+    let recovered_to = if mark("failover_start").is_some() {
+        "failover_start"
+    } else {
+        "end"
+    };
     for (name, from, to) in [
         ("steady", "steady_start", "roll_start"),
         ("roll", "roll_start", "roll_end"),
         ("after_roll", "roll_end", "authority_stop"),
         ("authority_outage", "authority_stop", "authority_start"),
-        ("recovered", "authority_start", "end"),
+        ("recovered", "authority_start", recovered_to),
+        ("failover", "failover_start", "isolation_start"),
+        ("region_isolation", "isolation_start", "failover_end"),
     ] {
         if let Some(w) = window(mark(from), mark(to)) {
             let ok = w.iter().filter(|r| r["outcome"] == "ok").count() as u64;
@@ -382,9 +391,21 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             if name == "authority_outage" {
                 outage_ok = ok;
             }
+            if name == "failover" || name == "region_isolation" {
+                failover_failed += failed.len() as u64;
+            }
+            // "<client region>/<tier>" -> requests, e.g. "r1/failover:r2".
+            let mut tiers: BTreeMap<String, u64> = BTreeMap::new();
+            for r in &w {
+                if let Some(tier) = r["tier"].as_str() {
+                    let agent = r["agent"].as_str().unwrap_or("?");
+                    let region = agent.split('-').next().unwrap_or("?");
+                    *tiers.entry(format!("{region}/{tier}")).or_default() += 1;
+                }
+            }
             phases.insert(
                 name.into(),
-                json!({"requests": w.len(), "ok": ok, "failed_not_killed": causes(failed.into_iter()), "from_ms": mark(from), "to_ms": mark(to)}),
+                json!({"requests": w.len(), "ok": ok, "failed_not_killed": causes(failed.into_iter()), "answered_by_tier": tiers, "from_ms": mark(from), "to_ms": mark(to)}),
             );
         }
     }
@@ -401,9 +422,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         json!(roll_discovery_failures),
     );
     checks.insert("authority outage: successful requests", json!(outage_ok));
+    if mark("failover_start").is_some() {
+        checks.insert(
+            "failover and region isolation: failed requests not against a killed process",
+            json!(failover_failed),
+        );
+    }
     let pass = drain_late == 0
         && kill_late == 0
         && roll_discovery_failures == 0
+        && failover_failed == 0
         && (mark("authority_stop").is_none() || outage_ok > 0);
     let total = causes(reqs.iter());
     let ok_total = reqs.iter().filter(|r| r["outcome"] == "ok").count();

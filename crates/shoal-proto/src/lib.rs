@@ -25,11 +25,15 @@ pub mod policy;
 pub mod record;
 pub mod rpc;
 pub mod sign;
+pub mod summary;
 
 pub use ids::{
     Generation, HealthSeq, InstanceId, Name, NodeId, Region, Revision, ServiceKey, Version, Zone,
 };
-pub use policy::{FailoverMode, PolicyError, PolicyRecord, ServicePolicy};
+pub use policy::{
+    FailoverMode, GlobalPolicy, GlobalServicePolicy, PolicyError, PolicyRecord, RegionKeys,
+    ServicePolicy, SignedGlobalPolicy, StaleAction,
+};
 pub use record::{
     EndpointSpec, HealthRecord, HealthStatus, LabelDimension, Labels, LifecycleRecord,
     LifecycleState, NodeKey, TransitionReason, TransitionSource,
@@ -38,3 +42,4 @@ pub use sign::{
     KeyId, SignatureBytes, SignatureError, SignedHealth, SignedLifecycle, SignedPolicy, SigningKey,
     TrustedKeys, VerifyingKey,
 };
+pub use summary::{RegionSummary, SignedSummary, SummaryEndpoint};

@@ -11,6 +11,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{Region, Revision, ServiceKey};
+use crate::sign::{KeyId, SignatureBytes, TrustedKeys, VerifyingKey};
 
 /// Most failover regions one policy may list (there are 3 regions today; room to grow).
 pub const MAX_FAILOVER_REGIONS: usize = 16;
@@ -37,8 +38,20 @@ pub struct ServicePolicy {
     /// Cap on requests per second this region's callers send cross-region (`None`: no cap).
     pub max_cross_region_rps: Option<u32>,
     /// Past this snapshot age in seconds, agents may degrade or refuse answers for the service
-    /// (`None`: serve the last-known set however old it is; fail-open).
+    /// (`None`: serve the last-known set however old it is; fail-open). For a failover answer
+    /// the age is that of the remote region's summary (see [`crate::summary`]).
     pub max_snapshot_age_s: Option<u32>,
+    /// What an agent does with a failover answer older than `max_snapshot_age_s`.
+    pub on_stale: StaleAction,
+}
+
+/// What to do with an answer older than [`ServicePolicy::max_snapshot_age_s`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum StaleAction {
+    /// Serve it, marked `degraded` (fail-open: the usual choice for internal services).
+    Degrade,
+    /// Do not serve it: skip that region (fail-closed).
+    Refuse,
 }
 
 /// Why a policy document was refused. Nothing is stored or signed.
@@ -93,6 +106,188 @@ pub struct PolicyRecord {
     pub committed_at_ms: u64,
 }
 
+/// Most regions a [`GlobalPolicy`] names (with their authority keys).
+pub const MAX_REGIONS: usize = 16;
+/// Most authority keys one region may have in a [`GlobalPolicy`] (two during a rotation).
+pub const MAX_REGION_KEYS: usize = 4;
+/// Most services a [`GlobalPolicy`] holds (2,000 services, a few ports each, with room).
+pub const MAX_GLOBAL_SERVICES: usize = 8_192;
+
+/// The **global policy**: written once by an operator, signed with the global policy key
+/// (`shoal policy sign`), delivered to every region's authority and agents, verified offline
+/// by each of them against the policy key they hold as a root (docs/adr/0013-global-policy-and-failover.md).
+///
+/// It carries what every region must agree on and nothing else: the per-service failover
+/// policies, and the directory of regions with their authority keys, which is how an agent
+/// of region L can verify a summary signed by region R's authority without any per-region
+/// configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct GlobalPolicy {
+    /// Operator-chosen version; a document replaces another only with a higher version.
+    pub version: u64,
+    /// Wall-clock Unix ms when it was signed; informational only.
+    pub issued_at_ms: u64,
+    /// Regions and their authority keys, sorted by region, unique, at most [`MAX_REGIONS`].
+    pub regions: Vec<RegionKeys>,
+    /// Service policies, sorted by key, unique, at most [`MAX_GLOBAL_SERVICES`]. A service
+    /// that is not listed never leaves its region.
+    pub services: Vec<GlobalServicePolicy>,
+}
+
+/// One region's authority signing keys (public, 32 bytes each).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RegionKeys {
+    /// The region.
+    pub region: Region,
+    /// Its authority keys, 1 to [`MAX_REGION_KEYS`].
+    pub authority_keys: Vec<[u8; 32]>,
+}
+
+/// One service's entry in a [`GlobalPolicy`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct GlobalServicePolicy {
+    /// The service.
+    pub key: ServiceKey,
+    /// Its policy.
+    pub policy: ServicePolicy,
+}
+
+/// A [`GlobalPolicy`] with the global policy key's signature.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SignedGlobalPolicy {
+    /// The document.
+    pub policy: GlobalPolicy,
+    /// Which policy key signed it.
+    pub signer: KeyId,
+    /// Signature over `"shoal/global-policy/v1\0" || postcard(policy)`.
+    pub signature: SignatureBytes,
+}
+
+/// Why a global policy document was refused. Nothing is stored.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GlobalPolicyError {
+    /// A list is over its bound.
+    #[error("{what}: at most {max}, got {count}")]
+    TooMany {
+        /// Which list.
+        what: &'static str,
+        /// Its bound.
+        max: usize,
+        /// How many were offered.
+        count: usize,
+    },
+    /// Regions or services are not sorted and unique.
+    #[error("{0} must be sorted and unique")]
+    NotSorted(&'static str),
+    /// A region has no key, or a key is not a valid ed25519 point.
+    #[error("region {0}: authority keys missing or invalid")]
+    BadRegionKey(Region),
+    /// A service policy is invalid.
+    #[error("service {key}: {error}")]
+    Service {
+        /// The service.
+        key: ServiceKey,
+        /// Why.
+        error: PolicyError,
+    },
+}
+
+impl GlobalPolicy {
+    /// Checks bounds, order and every service policy.
+    ///
+    /// # Errors
+    /// The first [`GlobalPolicyError`] found.
+    pub fn validate(&self) -> Result<(), GlobalPolicyError> {
+        let too_many = |what, max, count| GlobalPolicyError::TooMany { what, max, count };
+        if self.regions.len() > MAX_REGIONS {
+            return Err(too_many("regions", MAX_REGIONS, self.regions.len()));
+        }
+        if self.services.len() > MAX_GLOBAL_SERVICES {
+            return Err(too_many(
+                "services",
+                MAX_GLOBAL_SERVICES,
+                self.services.len(),
+            ));
+        }
+        if !self.regions.windows(2).all(|w| w[0].region < w[1].region) {
+            return Err(GlobalPolicyError::NotSorted("regions"));
+        }
+        if !self.services.windows(2).all(|w| w[0].key < w[1].key) {
+            return Err(GlobalPolicyError::NotSorted("services"));
+        }
+        for r in &self.regions {
+            let bad = r.authority_keys.is_empty()
+                || r.authority_keys.len() > MAX_REGION_KEYS
+                || r.authority_keys
+                    .iter()
+                    .any(|k| VerifyingKey::from_bytes(*k).is_err());
+            if bad {
+                return Err(GlobalPolicyError::BadRegionKey(r.region.clone()));
+            }
+        }
+        for s in &self.services {
+            s.policy
+                .validate()
+                .map_err(|error| GlobalPolicyError::Service {
+                    key: s.key.clone(),
+                    error,
+                })?;
+        }
+        Ok(())
+    }
+
+    /// The policy of `key`, if the document lists it.
+    pub fn service(&self, key: &ServiceKey) -> Option<&ServicePolicy> {
+        self.services
+            .binary_search_by(|s| s.key.cmp(key))
+            .ok()
+            .map(|i| &self.services[i].policy)
+    }
+
+    /// The authority keys of `region` (empty when the region is not listed).
+    pub fn region_keys(&self, region: &Region) -> TrustedKeys {
+        let mut keys = TrustedKeys::new();
+        if let Some(r) = self.regions.iter().find(|r| &r.region == region) {
+            for k in &r.authority_keys {
+                if let Ok(v) = VerifyingKey::from_bytes(*k) {
+                    keys.insert(v);
+                }
+            }
+        }
+        keys
+    }
+
+    /// Services whose policy lets callers of `from` fail over to `to` (`from != to`), in key
+    /// order: what region `from`'s authority asks region `to` to summarise.
+    pub fn failover_services<'a>(
+        &'a self,
+        from: &'a Region,
+        to: &'a Region,
+    ) -> impl Iterator<Item = &'a ServiceKey> + 'a {
+        self.services
+            .iter()
+            .filter(move |s| from != to && s.policy.allowed_failover_regions.contains(to))
+            .map(|s| &s.key)
+    }
+}
+
+impl SignedGlobalPolicy {
+    /// Verifies the signature against `policy_keys` and validates the document.
+    ///
+    /// # Errors
+    /// A message naming the failed check (unknown signer, bad signature, invalid document).
+    pub fn verify(&self, policy_keys: &TrustedKeys) -> Result<(), String> {
+        let key = policy_keys
+            .get(self.signer)
+            .ok_or_else(|| format!("global policy signed by an untrusted key {:?}", self.signer))?;
+        key.verify_global_policy(self)
+            .map_err(|e| format!("global policy signature: {e}"))?;
+        self.policy
+            .validate()
+            .map_err(|e| format!("global policy invalid: {e}"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,6 +303,7 @@ mod tests {
             mode: FailoverMode::ReadOnly,
             max_cross_region_rps: None,
             max_snapshot_age_s: Some(600),
+            on_stale: StaleAction::Degrade,
         };
         assert_eq!(
             p.validate(),
@@ -117,5 +313,77 @@ mod tests {
         assert_eq!(p.validate(), Err(PolicyError::TooManyRegions { count: 17 }));
         p.allowed_failover_regions.truncate(16);
         assert_eq!(p.validate(), Ok(()));
+    }
+}
+
+#[cfg(test)]
+mod global_tests {
+    use super::*;
+    use crate::sign::SigningKey;
+
+    fn region(s: &str) -> Region {
+        Region::new(s).unwrap()
+    }
+
+    fn doc() -> GlobalPolicy {
+        GlobalPolicy {
+            version: 1,
+            issued_at_ms: 0,
+            regions: vec![
+                RegionKeys {
+                    region: region("r1"),
+                    authority_keys: vec![SigningKey::from_seed([1; 32]).verifying_key().to_bytes()],
+                },
+                RegionKeys {
+                    region: region("r2"),
+                    authority_keys: vec![SigningKey::from_seed([2; 32]).verifying_key().to_bytes()],
+                },
+            ],
+            services: vec![GlobalServicePolicy {
+                key: "prod/web/http".parse().unwrap(),
+                policy: ServicePolicy {
+                    allowed_failover_regions: vec![region("r2"), region("r1")],
+                    mode: FailoverMode::Writable,
+                    max_cross_region_rps: None,
+                    max_snapshot_age_s: None,
+                    on_stale: StaleAction::Degrade,
+                },
+            }],
+        }
+    }
+
+    #[test]
+    fn a_signed_document_verifies_only_against_its_key_and_unchanged() {
+        let k = SigningKey::from_seed([9; 32]);
+        let mut trusted = TrustedKeys::new();
+        trusted.insert(k.verifying_key());
+        let signed = k.sign_global_policy(doc());
+        assert_eq!(signed.verify(&trusted), Ok(()));
+        let mut other = TrustedKeys::new();
+        other.insert(SigningKey::from_seed([8; 32]).verifying_key());
+        assert!(signed.verify(&other).unwrap_err().contains("untrusted"));
+        let mut tampered = signed.clone();
+        tampered.policy.version = 2;
+        assert!(tampered.verify(&trusted).unwrap_err().contains("signature"));
+    }
+
+    #[test]
+    fn lookups_and_failover_targets() {
+        let d = doc();
+        assert_eq!(d.validate(), Ok(()));
+        let key: ServiceKey = "prod/web/http".parse().unwrap();
+        assert!(d.service(&key).is_some());
+        assert!(d.service(&"prod/other/http".parse().unwrap()).is_none());
+        assert_eq!(d.region_keys(&region("r2")).len(), 1);
+        assert!(d.region_keys(&region("r9")).is_empty());
+        let (r1, r2) = (region("r1"), region("r2"));
+        assert_eq!(d.failover_services(&r1, &r2).count(), 1);
+        assert_eq!(d.failover_services(&r2, &r2).count(), 0, "never to oneself");
+        let mut unsorted = d.clone();
+        unsorted.regions.reverse();
+        assert_eq!(
+            unsorted.validate(),
+            Err(GlobalPolicyError::NotSorted("regions"))
+        );
     }
 }

@@ -13,9 +13,10 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{Generation, InstanceId, NodeId, Revision, ServiceKey};
-use crate::policy::ServicePolicy;
+use crate::policy::{ServicePolicy, SignedGlobalPolicy};
 use crate::record::{EndpointSpec, LifecycleState, NodeKey, TransitionReason};
 use crate::sign::{SignedLifecycle, SignedPolicy};
+use crate::summary::SignedSummary;
 
 /// One request from an agent (or an operator tool) to the authority.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -146,6 +147,30 @@ pub enum AuthorityRequestBody {
     /// Lists or changes the authority's replica set (operators only; leader only for a
     /// change). See docs/adr/0009-authority-membership-change.md.
     Members(MembersOp),
+    /// Store a global policy document (leader only; any caller: the signature by a trusted
+    /// global policy key is the authorisation). Refused unless its version is above the held one.
+    PutGlobalPolicy {
+        /// The signed document.
+        signed: SignedGlobalPolicy,
+    },
+    /// Read the held global policy document (any replica).
+    GetGlobalPolicy,
+    /// Another region's authority asks this region for signed summaries of `keys` (any
+    /// replica answers from its embedded mesh member's catalog). Only keys whose global policy
+    /// lists this region as a failover target are answered. `policy_version` is the asker's
+    /// global policy version: a newer document held here comes back with the reply.
+    RegionSummaries {
+        /// Services wanted (at most [`crate::summary::MAX_SUMMARIES_PER_REPLY`]).
+        keys: Vec<ServiceKey>,
+        /// The asker's global policy version (0: none).
+        policy_version: u64,
+    },
+    /// An agent asks its own region's authority for the failover feed: every remote summary
+    /// held, and the global policy document when newer than `policy_version`.
+    FailoverFeed {
+        /// The agent's global policy version (0: none).
+        policy_version: u64,
+    },
 }
 
 /// What `shoal authority members ...` asks of the region authority.
@@ -234,6 +259,16 @@ pub enum AuthorityOk {
     Status(AuthorityStatus),
     /// The replica set after a `Members` request (for a change: once it has committed).
     Members(MembersView),
+    /// The held global policy document, if any.
+    GlobalPolicy(Option<SignedGlobalPolicy>),
+    /// Signed summaries (of this region for `RegionSummaries`, of remote regions for
+    /// `FailoverFeed`), and the global policy when the asker's version is older.
+    Summaries {
+        /// Signed summaries, at most [`crate::summary::MAX_SUMMARIES_PER_REPLY`].
+        summaries: Vec<SignedSummary>,
+        /// The held global policy, when newer than the asker's.
+        policy: Option<SignedGlobalPolicy>,
+    },
 }
 
 /// Replica status, for `shoal authority status` and agents' diagnostics.

@@ -10,12 +10,15 @@ use std::fmt;
 use ed25519_dalek::Signer;
 use serde::{Deserialize, Serialize};
 
-use crate::policy::PolicyRecord;
+use crate::policy::{GlobalPolicy, PolicyRecord, SignedGlobalPolicy};
 use crate::record::{HealthRecord, LifecycleRecord};
+use crate::summary::{RegionSummary, SignedSummary};
 
 const LIFECYCLE_CONTEXT: &[u8] = b"shoal/lifecycle/v1\0";
 const HEALTH_CONTEXT: &[u8] = b"shoal/health/v1\0";
 const POLICY_CONTEXT: &[u8] = b"shoal/policy/v1\0";
+const GLOBAL_POLICY_CONTEXT: &[u8] = b"shoal/global-policy/v1\0";
+const SUMMARY_CONTEXT: &[u8] = b"shoal/summary/v1\0";
 
 /// Short id of a public key: its first 8 bytes. Lets a verifier pick the key without trying all.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -198,6 +201,26 @@ impl SigningKey {
         }
     }
 
+    /// Signs a global policy document (the global policy key only, by convention).
+    pub fn sign_global_policy(&self, policy: GlobalPolicy) -> SignedGlobalPolicy {
+        let sig = self.key.sign(&canonical(GLOBAL_POLICY_CONTEXT, &policy));
+        SignedGlobalPolicy {
+            policy,
+            signer: self.id,
+            signature: SignatureBytes::from_sig(&sig),
+        }
+    }
+
+    /// Signs a remote endpoint summary (region authority keys only, by convention).
+    pub fn sign_summary(&self, summary: RegionSummary) -> SignedSummary {
+        let sig = self.key.sign(&canonical(SUMMARY_CONTEXT, &summary));
+        SignedSummary {
+            summary,
+            signer: self.id,
+            signature: SignatureBytes::from_sig(&sig),
+        }
+    }
+
     /// Signs a health record (node keys only, by convention).
     pub fn sign_health(&self, record: HealthRecord) -> SignedHealth {
         let sig = self.key.sign(&canonical(HEALTH_CONTEXT, &record));
@@ -263,6 +286,44 @@ impl VerifyingKey {
                 &canonical(POLICY_CONTEXT, &signed.record),
                 &signed.signature.to_sig(),
             )
+            .map_err(|_| SignatureError::Invalid)
+    }
+
+    /// Verifies a signed global policy document against this key.
+    ///
+    /// # Errors
+    /// As [`VerifyingKey::verify_lifecycle`].
+    pub fn verify_global_policy(&self, signed: &SignedGlobalPolicy) -> Result<(), SignatureError> {
+        self.verify_ctx(
+            signed.signer,
+            &canonical(GLOBAL_POLICY_CONTEXT, &signed.policy),
+            signed.signature,
+        )
+    }
+
+    /// Verifies a signed remote endpoint summary against this key.
+    ///
+    /// # Errors
+    /// As [`VerifyingKey::verify_lifecycle`].
+    pub fn verify_summary(&self, signed: &SignedSummary) -> Result<(), SignatureError> {
+        self.verify_ctx(
+            signed.signer,
+            &canonical(SUMMARY_CONTEXT, &signed.summary),
+            signed.signature,
+        )
+    }
+
+    fn verify_ctx(
+        &self,
+        signer: KeyId,
+        message: &[u8],
+        signature: SignatureBytes,
+    ) -> Result<(), SignatureError> {
+        if signer != self.id {
+            return Err(SignatureError::WrongSigner(signer));
+        }
+        self.key
+            .verify_strict(message, &signature.to_sig())
             .map_err(|_| SignatureError::Invalid)
     }
 

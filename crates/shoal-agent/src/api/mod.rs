@@ -72,6 +72,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/agent/health", get(health))
         .route("/v1/agent/live", get(crate::health_endpoints::live))
         .route("/v1/agent/ready", get(crate::health_endpoints::ready))
+        .route("/v1/failover", get(crate::failover::status))
         .route("/v1/openapi.json", get(openapi))
         .fallback(not_found)
         .with_state(shared)

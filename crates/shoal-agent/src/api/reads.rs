@@ -147,6 +147,8 @@ pub(super) async fn pick(
 ) -> ApiResult {
     let key = service_key(&ns, &svc, &port)?;
     check_read(&shared, &who, &key)?;
+    let (write_intent, raw) =
+        crate::failover::take_intent(raw).map_err(|e| ApiError::bad("bad_query", e))?;
     let q = parse_query(raw)?;
     let r = Jitter::new().next_u64();
     let index = shared.index.service(&key);
@@ -175,6 +177,9 @@ pub(super) async fn pick(
     body.insert("service".into(), json!(key.to_string()));
     match picked {
         Some((e, t)) => {
+            let tier = crate::failover::local_tier(&e.endpoint.zone, &shared.cfg.zone);
+            body.insert("tier".into(), json!(tier.label()));
+            body.insert("read_only".into(), json!(false));
             body.insert("endpoint".into(), endpoint_json(&e, t));
             Ok(with_index(
                 &shared,
@@ -184,18 +189,31 @@ pub(super) async fn pick(
             ))
         }
         None => {
-            counter!("shoal_no_backend_total", "service" => key.to_string()).increment(1);
-            body.insert("error".into(), json!("no backend"));
-            body.insert(
-                "detail".into(),
-                json!("no READY, healthy, non-ejected endpoint in this region"),
-            );
-            Ok(with_index(
-                &shared,
-                index,
-                StatusCode::SERVICE_UNAVAILABLE,
-                Value::Object(body),
-            ))
+            let now_s = shared.now_ms() / 1_000;
+            match shared.failover.pick_remote(&key, write_intent, now_s, r) {
+                Ok(p) => {
+                    crate::failover::answer_json(&mut body, &p);
+                    Ok(with_index(
+                        &shared,
+                        index,
+                        StatusCode::OK,
+                        Value::Object(body),
+                    ))
+                }
+                Err(why) => {
+                    counter!("shoal_no_backend_total", "service" => key.to_string()).increment(1);
+                    let (error, detail) = why.message();
+                    body.insert("error".into(), json!(error));
+                    body.insert("reason".into(), json!(why.as_label()));
+                    body.insert("detail".into(), json!(detail));
+                    Ok(with_index(
+                        &shared,
+                        index,
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        Value::Object(body),
+                    ))
+                }
+            }
         }
     }
 }

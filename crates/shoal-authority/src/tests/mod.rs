@@ -2,6 +2,7 @@
 //! asserting the exact records (or refusal) out.
 
 mod audit_test;
+mod global_policy_test;
 mod lease_test;
 mod node_key_test;
 mod policy_test;

@@ -13,6 +13,7 @@ fn policy(regions: &[&str]) -> ServicePolicy {
         mode: FailoverMode::ReadOnly,
         max_cross_region_rps: Some(500),
         max_snapshot_age_s: Some(900),
+        on_stale: shoal_proto::StaleAction::Degrade,
     }
 }
 

@@ -218,6 +218,7 @@ fn command(h: &Harness, now_ms: &mut u64, op: Op) -> Option<AuthorityCommand> {
                 mode: FailoverMode::ReadOnly,
                 max_cross_region_rps: None,
                 max_snapshot_age_s: None,
+                on_stale: shoal_proto::StaleAction::Degrade,
             },
         },
     })

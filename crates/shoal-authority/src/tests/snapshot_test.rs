@@ -33,6 +33,7 @@ fn busy() -> Harness {
             mode: FailoverMode::Writable,
             max_cross_region_rps: None,
             max_snapshot_age_s: Some(60),
+            on_stale: shoal_proto::StaleAction::Degrade,
         },
     })
     .unwrap();

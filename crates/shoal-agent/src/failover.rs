@@ -1,0 +1,756 @@
+//! Cross-region failover for `pick` (docs/adr/0013-global-policy-and-failover.md).
+//!
+//! The agent holds, **beside** its catalog and never merged into it:
+//! - the **global policy** document, verified against the `[failover] policy_keys` it holds as
+//!   a root, persisted in the data dir (`global-policy.bin`) so a region cut off from the
+//!   others, or an agent restarted while cut off, keeps its last policy;
+//! - the **remote summaries** its authority pulled from other regions, each verified against
+//!   the summarised region's keys as the global policy lists them, with its age.
+//!
+//! [`pull_loop`] refreshes both from the region authority every `pull_ms` (`FailoverFeed`),
+//! asynchronously: no pick ever waits for it. [`Failover::pick_remote`] is the failover tier of
+//! a pick, used only when the local region has no routable endpoint: the policy's regions in
+//! order, refused for write intent when read-only, capped at `max_cross_region_rps` per agent
+//! and service, and past `max_snapshot_age_s` degraded or refused as the policy says. A
+//! service without policy never leaves its region.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use metrics::{counter, gauge};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use shoal_catalog::remote::RemoteSummaries;
+use shoal_proto::rpc::{AuthorityOk, AuthorityRequestBody};
+use shoal_proto::summary::SummaryEndpoint;
+use shoal_proto::{
+    FailoverMode, Region, ServiceKey, SignedGlobalPolicy, StaleAction, TrustedKeys, VerifyingKey,
+};
+
+use crate::state::Shared;
+
+/// File in the data dir holding the last verified global policy (postcard).
+pub const POLICY_FILE: &str = "global-policy.bin";
+/// Most services whose cross-region request rate one agent tracks (older windows are reset).
+pub const MAX_RATE_WINDOWS: usize = 8_192;
+
+/// `[failover]` of the agent config.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FailoverConfig {
+    /// Global policy public keys (hex, 32 bytes): the root that makes a global policy
+    /// document acceptable. Empty: no policy is accepted, so nothing ever fails over.
+    #[serde(default)]
+    pub policy_keys: Vec<String>,
+    /// Period of the failover feed pull from the region authority, ms.
+    #[serde(default = "d_pull_ms")]
+    pub pull_ms: u64,
+}
+
+impl Default for FailoverConfig {
+    fn default() -> Self {
+        Self {
+            policy_keys: Vec::new(),
+            pull_ms: d_pull_ms(),
+        }
+    }
+}
+
+fn d_pull_ms() -> u64 {
+    1_000
+}
+
+/// Parses hex keys.
+///
+/// # Errors
+/// A key that is not 64 hex chars of a valid ed25519 point.
+pub fn parse_policy_keys(keys: &[String]) -> Result<TrustedKeys, String> {
+    let mut out = TrustedKeys::new();
+    for k in keys {
+        let bytes: [u8; 32] = crate::keys::from_hex(k)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| format!("[failover] policy_keys: {k:?} is not 64 hex chars"))?;
+        out.insert(
+            VerifyingKey::from_bytes(bytes)
+                .map_err(|e| format!("[failover] policy_keys: {k:?}: {e}"))?,
+        );
+    }
+    Ok(out)
+}
+
+/// Which tier answered a pick.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tier {
+    /// An endpoint in the caller's zone.
+    Zone,
+    /// An endpoint in the caller's region, another zone.
+    Region,
+    /// An endpoint of another region, by policy.
+    Failover(Region),
+}
+
+impl Tier {
+    /// `zone`, `region` or `failover:<region>`.
+    pub fn label(&self) -> String {
+        match self {
+            Self::Zone => "zone".into(),
+            Self::Region => "region".into(),
+            Self::Failover(r) => format!("failover:{r}"),
+        }
+    }
+}
+
+/// A failover answer.
+#[derive(Debug, Clone)]
+pub struct RemotePick {
+    /// The region that answered.
+    pub region: Region,
+    /// The endpoint, as the remote region's authority summarised it.
+    pub endpoint: SummaryEndpoint,
+    /// Summary age at pick time, ms (agent wall clock minus the summary's `generated_at_ms`).
+    pub age_ms: u64,
+    /// Past `max_snapshot_age_s` with `on_stale = Degrade`.
+    pub degraded: bool,
+    /// The policy is read-only.
+    pub read_only: bool,
+    /// The remote region's revision head the summary reflects.
+    pub summary_revision: u64,
+}
+
+/// Why no failover answer was given (the pick answers an explicit "no backend").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoFailover {
+    /// No global policy lists the service (or it lists no other region): it never leaves its
+    /// region.
+    NoPolicy,
+    /// The caller stated write intent and the policy is read-only.
+    ReadOnly,
+    /// `max_cross_region_rps` reached in this second.
+    Capped {
+        /// The cap.
+        rps: u32,
+    },
+    /// Every allowed region's summary is older than `max_snapshot_age_s` and the policy
+    /// refuses stale answers.
+    TooOld,
+    /// No allowed region has a routable endpoint in its last summary (or none was received).
+    NoRemoteEndpoint,
+}
+
+impl NoFailover {
+    /// Metric label.
+    pub fn as_label(&self) -> &'static str {
+        match self {
+            Self::NoPolicy => "no_policy",
+            Self::ReadOnly => "read_only",
+            Self::Capped { .. } => "capped",
+            Self::TooOld => "too_old",
+            Self::NoRemoteEndpoint => "no_remote_endpoint",
+        }
+    }
+
+    /// `error` and `detail` of the no-backend answer.
+    pub fn message(&self) -> (&'static str, String) {
+        match self {
+            Self::NoPolicy => (
+                "no backend",
+                "no READY, healthy, non-ejected endpoint in this region, and no policy allows \
+                 failover for this service"
+                    .into(),
+            ),
+            Self::ReadOnly => (
+                "no backend: failover is read-only",
+                "no endpoint in this region; the policy allows only read-only failover and the \
+                 caller stated write intent"
+                    .into(),
+            ),
+            Self::Capped { rps } => (
+                "no backend: failover capped",
+                format!("no endpoint in this region; max_cross_region_rps ({rps}) reached"),
+            ),
+            Self::TooOld => (
+                "no backend: failover summaries too old",
+                "no endpoint in this region; every allowed region's summary is older than \
+                 max_snapshot_age_s and the policy refuses stale answers"
+                    .into(),
+            ),
+            Self::NoRemoteEndpoint => (
+                "no backend",
+                "no endpoint in this region nor in the policy's failover regions".into(),
+            ),
+        }
+    }
+}
+
+struct Inner {
+    policy: Option<Arc<SignedGlobalPolicy>>,
+    remote: RemoteSummaries,
+    /// Per service: (second, requests sent cross-region in it).
+    windows: HashMap<ServiceKey, (u64, u32)>,
+}
+
+/// The agent's failover state (see the module docs).
+pub struct Failover {
+    region: Region,
+    policy_keys: TrustedKeys,
+    data_dir: PathBuf,
+    inner: Mutex<Inner>,
+}
+
+impl std::fmt::Debug for Failover {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Failover")
+            .field("region", &self.region)
+            .finish_non_exhaustive()
+    }
+}
+
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl Failover {
+    /// Builds the state, loading the persisted policy from `data_dir` when it still verifies
+    /// (a file that does not decode or verify is ignored, logged and counted).
+    pub fn new(region: Region, policy_keys: TrustedKeys, data_dir: &Path) -> Self {
+        let f = Self {
+            region: region.clone(),
+            policy_keys,
+            data_dir: data_dir.to_path_buf(),
+            inner: Mutex::new(Inner {
+                policy: None,
+                remote: RemoteSummaries::new(region),
+                windows: HashMap::new(),
+            }),
+        };
+        let path = f.data_dir.join(POLICY_FILE);
+        if let Ok(bytes) = std::fs::read(&path) {
+            match postcard::from_bytes::<SignedGlobalPolicy>(&bytes)
+                .map_err(|e| e.to_string())
+                .and_then(|p| p.verify(&f.policy_keys).map(|()| p))
+            {
+                Ok(p) => {
+                    tracing::info!(version = p.policy.version, "persisted global policy loaded");
+                    f.inner.lock().expect("failover").policy = Some(Arc::new(p));
+                }
+                Err(e) => {
+                    counter!("shoal_global_policy_rejected_total").increment(1);
+                    tracing::error!(file = %path.display(), error = %e, "persisted global policy refused; ignored");
+                }
+            }
+        }
+        f
+    }
+
+    /// The held global policy version (0: none).
+    pub fn policy_version(&self) -> u64 {
+        let inner = self.inner.lock().expect("failover");
+        inner.policy.as_ref().map_or(0, |p| p.policy.version)
+    }
+
+    /// Applies one failover feed: a newer policy (verified, persisted) and summaries
+    /// (verified against their region's keys; only newer ones replace held ones). Returns
+    /// (policy changed, summaries kept).
+    pub fn apply_feed(
+        &self,
+        policy: Option<SignedGlobalPolicy>,
+        summaries: Vec<shoal_proto::SignedSummary>,
+        now_ms: u64,
+    ) -> (bool, usize) {
+        let mut inner = self.inner.lock().expect("failover");
+        let held = inner.policy.as_ref().map_or(0, |p| p.policy.version);
+        let mut changed = false;
+        if let Some(p) = policy.filter(|p| p.policy.version > held) {
+            match p.verify(&self.policy_keys) {
+                Ok(()) => {
+                    let bytes = postcard::to_allocvec(&p).expect("plain data");
+                    if let Err(e) =
+                        crate::keys::write_atomic(&self.data_dir.join(POLICY_FILE), &bytes, 0o600)
+                    {
+                        tracing::warn!(error = %e, "persisting the global policy failed (kept in memory)");
+                    }
+                    tracing::info!(version = p.policy.version, "global policy applied");
+                    inner.policy = Some(Arc::new(p));
+                    changed = true;
+                }
+                Err(e) => {
+                    counter!("shoal_global_policy_rejected_total").increment(1);
+                    tracing::warn!(error = %e, "global policy from the authority refused");
+                }
+            }
+        }
+        let Some(policy) = inner.policy.clone() else {
+            return (changed, 0);
+        };
+        let mut kept = 0;
+        for s in summaries {
+            let keys = policy.policy.region_keys(&s.summary.region);
+            match inner.remote.offer(Arc::new(s), &keys, now_ms) {
+                Ok(()) => kept += 1,
+                Err(shoal_catalog::remote::OfferError::NotNewer) => {}
+                Err(e) => {
+                    counter!("shoal_remote_summaries_rejected_total", "reason" => e.as_label())
+                        .increment(1);
+                    tracing::warn!(error = %e, "remote summary refused");
+                }
+            }
+        }
+        let me = self.region.clone();
+        inner.remote.retain(|r, k| {
+            r != &me
+                && policy
+                    .policy
+                    .service(k)
+                    .is_some_and(|p| p.allowed_failover_regions.contains(r))
+        });
+        gauge!("shoal_remote_summaries").set(inner.remote.len() as f64);
+        (changed, kept)
+    }
+
+    /// The failover tier of a pick for `key` (call it only when the local region has no
+    /// routable endpoint). `write` is the caller's stated write intent, `now_s` a monotonic
+    /// second for the rate window, `r` a random number for the weighted choice.
+    ///
+    /// # Errors
+    /// [`NoFailover`] saying why there is no answer (counted per reason).
+    pub fn pick_remote(
+        &self,
+        key: &ServiceKey,
+        write: bool,
+        now_s: u64,
+        r: u64,
+    ) -> Result<RemotePick, NoFailover> {
+        let res = self.pick_inner(key, write, now_s, r, wall_ms());
+        match &res {
+            Ok(p) => counter!("shoal_failover_picks_total", "region" => p.region.to_string())
+                .increment(1),
+            Err(e) => {
+                counter!("shoal_failover_refused_total", "reason" => e.as_label()).increment(1)
+            }
+        }
+        res
+    }
+
+    fn pick_inner(
+        &self,
+        key: &ServiceKey,
+        write: bool,
+        now_s: u64,
+        r: u64,
+        now_wall_ms: u64,
+    ) -> Result<RemotePick, NoFailover> {
+        let mut inner = self.inner.lock().expect("failover");
+        let policy = inner.policy.clone().ok_or(NoFailover::NoPolicy)?;
+        let sp = policy.policy.service(key).ok_or(NoFailover::NoPolicy)?;
+        let targets: Vec<&Region> = sp
+            .allowed_failover_regions
+            .iter()
+            .filter(|r| **r != self.region)
+            .collect();
+        if targets.is_empty() {
+            return Err(NoFailover::NoPolicy);
+        }
+        let read_only = sp.mode == FailoverMode::ReadOnly;
+        if write && read_only {
+            return Err(NoFailover::ReadOnly);
+        }
+        let max_age_ms = sp.max_snapshot_age_s.map(|s| u64::from(s) * 1_000);
+        let mut too_old = false;
+        let mut chosen = None;
+        for region in targets {
+            let Some(held) = inner.remote.get(region, key) else {
+                continue;
+            };
+            let s = &held.signed.summary;
+            let age_ms = now_wall_ms.saturating_sub(s.generated_at_ms);
+            let stale = max_age_ms.is_some_and(|m| age_ms > m);
+            if stale && sp.on_stale == StaleAction::Refuse {
+                too_old = true;
+                continue;
+            }
+            let Some(endpoint) = weighted(&s.endpoints, r) else {
+                continue;
+            };
+            chosen = Some(RemotePick {
+                region: region.clone(),
+                endpoint: endpoint.clone(),
+                age_ms,
+                degraded: stale,
+                read_only,
+                summary_revision: s.revision.0,
+            });
+            break;
+        }
+        let Some(pick) = chosen else {
+            return Err(if too_old {
+                NoFailover::TooOld
+            } else {
+                NoFailover::NoRemoteEndpoint
+            });
+        };
+        if let Some(rps) = sp.max_cross_region_rps {
+            if inner.windows.len() >= MAX_RATE_WINDOWS && !inner.windows.contains_key(key) {
+                inner.windows.retain(|_, (sec, _)| *sec == now_s);
+            }
+            let w = inner.windows.entry(key.clone()).or_insert((now_s, 0));
+            if w.0 != now_s {
+                *w = (now_s, 0);
+            }
+            if w.1 >= rps {
+                return Err(NoFailover::Capped { rps });
+            }
+            w.1 += 1;
+        }
+        Ok(pick)
+    }
+
+    /// JSON of the held policy and summaries, for `/v1/failover`.
+    pub fn status_json(&self) -> Value {
+        let inner = self.inner.lock().expect("failover");
+        let now = wall_ms();
+        let summaries: Vec<Value> = inner
+            .remote
+            .iter()
+            .map(|h| {
+                let s = &h.signed.summary;
+                json!({
+                    "region": s.region.to_string(),
+                    "service": s.key.to_string(),
+                    "revision": s.revision.0,
+                    "generated_at_ms": s.generated_at_ms,
+                    "age_ms": now.saturating_sub(s.generated_at_ms),
+                    "routable_total": s.routable_total,
+                    "endpoints": s.endpoints.iter().map(|e| e.endpoint.address.to_string()).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        json!({
+            "region": self.region.to_string(),
+            "policy_version": inner.policy.as_ref().map_or(0, |p| p.policy.version),
+            "services_with_policy": inner.policy.as_ref().map_or(0, |p| p.policy.services.len()),
+            "summaries": summaries,
+        })
+    }
+}
+
+/// Weighted choice among summary endpoints (`None` when empty).
+fn weighted(endpoints: &[SummaryEndpoint], r: u64) -> Option<&SummaryEndpoint> {
+    let total: u64 = endpoints.iter().map(|e| u64::from(e.endpoint.weight)).sum();
+    if total == 0 {
+        return None;
+    }
+    let mut point = r % total;
+    for e in endpoints {
+        let w = u64::from(e.endpoint.weight);
+        if point < w {
+            return Some(e);
+        }
+        point -= w;
+    }
+    None
+}
+
+/// Splits `intent=read|write` off a pick's raw query (the rest goes to the ordinary parser).
+///
+/// # Errors
+/// An intent other than `read` or `write`.
+pub fn take_intent(raw: Option<String>) -> Result<(bool, Option<String>), String> {
+    let Some(raw) = raw else {
+        return Ok((false, None));
+    };
+    let mut write = false;
+    let mut rest = Vec::new();
+    for pair in raw.split('&').filter(|p| !p.is_empty()) {
+        match pair.strip_prefix("intent=") {
+            Some("write") => write = true,
+            Some("read") => write = false,
+            Some(other) => return Err(format!("intent must be `read` or `write`, got `{other}`")),
+            None => rest.push(pair),
+        }
+    }
+    Ok((write, (!rest.is_empty()).then(|| rest.join("&"))))
+}
+
+/// Pulls the failover feed from the region authority every `pull_ms`, forever (a failed pull
+/// keeps what is held: summaries only age).
+pub async fn pull_loop(shared: Arc<Shared>) {
+    let period = Duration::from_millis(shared.cfg.raw.failover.pull_ms.max(100));
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let version = shared.failover.policy_version();
+        let body = AuthorityRequestBody::FailoverFeed {
+            policy_version: version,
+        };
+        match crate::client::call(&shared, body).await {
+            Ok(AuthorityOk::Summaries { summaries, policy }) => {
+                let (changed, kept) =
+                    shared
+                        .failover
+                        .apply_feed(policy, summaries, shared.now_ms());
+                if changed || kept > 0 {
+                    shared.bump_index();
+                }
+            }
+            Ok(other) => tracing::debug!(?other, "unexpected failover feed answer"),
+            Err(e) => {
+                tracing::debug!(error = %e, "failover feed pull failed; keeping what is held")
+            }
+        }
+    }
+}
+
+/// The JSON endpoint of a failover answer (the fields of a local pick's endpoint that a
+/// summary carries, plus the summary's age and revision).
+pub fn endpoint_json(p: &RemotePick) -> Value {
+    let e = &p.endpoint;
+    json!({
+        "instance": e.instance.to_string(),
+        "generation": e.generation.0,
+        "region": p.region.to_string(),
+        "zone": e.endpoint.zone.to_string(),
+        "node": e.node.to_string(),
+        "address": e.endpoint.address.to_string(),
+        "version": e.endpoint.version.to_string(),
+        "weight": e.endpoint.weight,
+        "state": "READY",
+        "routable": true,
+        "summary_age_ms": p.age_ms,
+        "summary_revision": p.summary_revision,
+        "degraded": p.degraded,
+    })
+}
+
+/// The tier of a local pick: `zone` when the endpoint is in the caller's zone, else `region`.
+pub fn local_tier(endpoint_zone: &shoal_proto::Zone, my_zone: &shoal_proto::Zone) -> Tier {
+    if endpoint_zone == my_zone {
+        Tier::Zone
+    } else {
+        Tier::Region
+    }
+}
+
+/// Fills a pick answer's body with a failover pick: `tier`, `read_only`, `endpoint`.
+pub fn answer_json(body: &mut serde_json::Map<String, Value>, p: &RemotePick) {
+    body.insert(
+        "tier".into(),
+        json!(Tier::Failover(p.region.clone()).label()),
+    );
+    body.insert("read_only".into(), json!(p.read_only));
+    body.insert("endpoint".into(), endpoint_json(p));
+}
+
+/// `GET /v1/failover`: the held global policy version and remote summaries with their age.
+pub async fn status(
+    axum::extract::State(shared): axum::extract::State<Arc<Shared>>,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    axum::Json(shared.failover.status_json()).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shoal_proto::{
+        GlobalPolicy, GlobalServicePolicy, RegionKeys, RegionSummary, Revision, ServicePolicy,
+        SigningKey,
+    };
+
+    fn region(s: &str) -> Region {
+        Region::new(s).unwrap()
+    }
+    fn key() -> ServiceKey {
+        "prod/web/http".parse().unwrap()
+    }
+    fn region_key(n: u8) -> SigningKey {
+        SigningKey::from_seed([n; 32])
+    }
+
+    /// An agent of r1 holding a policy for prod/web/http: failover to r2 then r3.
+    fn agent(policy: ServicePolicy) -> (Failover, SigningKey) {
+        let pk = SigningKey::from_seed([42; 32]);
+        let mut trusted = TrustedKeys::new();
+        trusted.insert(pk.verifying_key());
+        let regions = (1..=3)
+            .map(|i| RegionKeys {
+                region: region(&format!("r{i}")),
+                authority_keys: vec![region_key(i).verifying_key().to_bytes()],
+            })
+            .collect();
+        let doc = pk.sign_global_policy(GlobalPolicy {
+            version: 1,
+            issued_at_ms: 0,
+            regions,
+            services: vec![GlobalServicePolicy { key: key(), policy }],
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let f = Failover::new(region("r1"), trusted, dir.path());
+        assert_eq!(f.apply_feed(Some(doc), Vec::new(), 0), (true, 0));
+        assert!(dir.path().join(POLICY_FILE).exists(), "policy persisted");
+        (f, pk)
+    }
+
+    fn policy(mode: FailoverMode, rps: Option<u32>, on_stale: StaleAction) -> ServicePolicy {
+        ServicePolicy {
+            allowed_failover_regions: vec![region("r1"), region("r2"), region("r3")],
+            mode,
+            max_cross_region_rps: rps,
+            max_snapshot_age_s: Some(10),
+            on_stale,
+        }
+    }
+
+    fn summary(r: u8, n_endpoints: u32, generated_at_ms: u64) -> shoal_proto::SignedSummary {
+        let endpoints = (0..n_endpoints)
+            .map(|i| SummaryEndpoint {
+                instance: shoal_proto::InstanceId::new(format!("r{r}-{i}")).unwrap(),
+                generation: shoal_proto::Generation(1),
+                node: shoal_proto::NodeId::new(format!("r{r}-a1")).unwrap(),
+                endpoint: shoal_catalog::testkit::Fixture::spec(i),
+            })
+            .collect();
+        region_key(r).sign_summary(RegionSummary {
+            region: region(&format!("r{r}")),
+            key: key(),
+            revision: Revision(generated_at_ms),
+            generated_at_ms,
+            routable_total: n_endpoints,
+            endpoints,
+        })
+    }
+
+    const NOW: u64 = 1_000_000;
+
+    #[test]
+    fn the_policy_order_decides_and_an_empty_region_is_skipped() {
+        let (f, _) = agent(policy(FailoverMode::Writable, None, StaleAction::Degrade));
+        let feed = vec![summary(2, 0, NOW), summary(3, 2, NOW)];
+        assert_eq!(f.apply_feed(None, feed, 0), (false, 2));
+        let p = f.pick_inner(&key(), true, 0, 7, NOW + 5).unwrap();
+        assert_eq!(p.region, region("r3"), "r2 has no routable endpoint");
+        assert!(!p.read_only && !p.degraded);
+        assert_eq!(p.age_ms, 5);
+        f.apply_feed(None, vec![summary(2, 1, NOW + 1)], 0);
+        assert_eq!(
+            f.pick_inner(&key(), false, 0, 7, NOW + 5).unwrap().region,
+            region("r2")
+        );
+    }
+
+    #[test]
+    fn a_service_without_policy_never_leaves_and_write_intent_is_refused_when_read_only() {
+        let (f, _) = agent(policy(FailoverMode::ReadOnly, None, StaleAction::Degrade));
+        f.apply_feed(None, vec![summary(2, 1, NOW)], 0);
+        let other: ServiceKey = "prod/other/http".parse().unwrap();
+        assert_eq!(
+            f.pick_inner(&other, false, 0, 1, NOW).unwrap_err(),
+            NoFailover::NoPolicy
+        );
+        assert_eq!(
+            f.pick_inner(&key(), true, 0, 1, NOW).unwrap_err(),
+            NoFailover::ReadOnly
+        );
+        assert!(f.pick_inner(&key(), false, 0, 1, NOW).unwrap().read_only);
+    }
+
+    #[test]
+    fn the_cross_region_rate_is_capped_per_second() {
+        let (f, _) = agent(policy(
+            FailoverMode::Writable,
+            Some(2),
+            StaleAction::Degrade,
+        ));
+        f.apply_feed(None, vec![summary(2, 1, NOW)], 0);
+        assert!(f.pick_inner(&key(), false, 5, 1, NOW).is_ok());
+        assert!(f.pick_inner(&key(), false, 5, 1, NOW).is_ok());
+        assert_eq!(
+            f.pick_inner(&key(), false, 5, 1, NOW).unwrap_err(),
+            NoFailover::Capped { rps: 2 }
+        );
+        assert!(
+            f.pick_inner(&key(), false, 6, 1, NOW).is_ok(),
+            "a new second"
+        );
+    }
+
+    #[test]
+    fn past_the_maximum_age_degrade_serves_marked_and_refuse_skips() {
+        let (f, _) = agent(policy(FailoverMode::Writable, None, StaleAction::Degrade));
+        f.apply_feed(None, vec![summary(2, 1, NOW)], 0);
+        let p = f.pick_inner(&key(), false, 0, 1, NOW + 11_000).unwrap();
+        assert!(p.degraded);
+        let (f, _) = agent(policy(FailoverMode::Writable, None, StaleAction::Refuse));
+        f.apply_feed(
+            None,
+            vec![summary(2, 1, NOW), summary(3, 1, NOW + 9_000)],
+            0,
+        );
+        let p = f.pick_inner(&key(), false, 0, 1, NOW + 11_000).unwrap();
+        assert_eq!(p.region, region("r3"), "r2 too old, r3 still fresh");
+        assert_eq!(
+            f.pick_inner(&key(), false, 0, 1, NOW + 20_000).unwrap_err(),
+            NoFailover::TooOld
+        );
+    }
+
+    #[test]
+    fn a_summary_not_signed_by_its_region_is_refused_and_an_older_one_never_replaces() {
+        let (f, _) = agent(policy(FailoverMode::Writable, None, StaleAction::Degrade));
+        let mut forged = summary(2, 1, NOW);
+        forged = region_key(3).sign_summary(forged.summary);
+        assert_eq!(f.apply_feed(None, vec![forged], 0), (false, 0));
+        assert_eq!(
+            f.pick_inner(&key(), false, 0, 1, NOW).unwrap_err(),
+            NoFailover::NoRemoteEndpoint
+        );
+        f.apply_feed(None, vec![summary(2, 1, NOW + 10)], 0);
+        assert_eq!(f.apply_feed(None, vec![summary(2, 0, NOW)], 0), (false, 0));
+        assert!(f.pick_inner(&key(), false, 0, 1, NOW + 10).is_ok());
+    }
+
+    #[test]
+    fn the_persisted_policy_is_loaded_at_start() {
+        let pk = SigningKey::from_seed([42; 32]);
+        let mut trusted = TrustedKeys::new();
+        trusted.insert(pk.verifying_key());
+        let dir = tempfile::tempdir().unwrap();
+        let doc = pk.sign_global_policy(GlobalPolicy {
+            version: 4,
+            issued_at_ms: 0,
+            regions: Vec::new(),
+            services: Vec::new(),
+        });
+        std::fs::write(
+            dir.path().join(POLICY_FILE),
+            postcard::to_allocvec(&doc).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            Failover::new(region("r1"), trusted, dir.path()).policy_version(),
+            4
+        );
+        let mut other = TrustedKeys::new();
+        other.insert(SigningKey::from_seed([1; 32]).verifying_key());
+        assert_eq!(
+            Failover::new(region("r1"), other, dir.path()).policy_version(),
+            0,
+            "a file signed by an untrusted key is ignored"
+        );
+    }
+
+    #[test]
+    fn intent_is_split_off_the_query() {
+        assert_eq!(take_intent(None), Ok((false, None)));
+        assert_eq!(
+            take_intent(Some("intent=write&zone=z1".into())),
+            Ok((true, Some("zone=z1".into())))
+        );
+        assert_eq!(take_intent(Some("intent=read".into())), Ok((false, None)));
+        assert!(take_intent(Some("intent=delete".into())).is_err());
+    }
+}
