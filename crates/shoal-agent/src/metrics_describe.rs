@@ -50,6 +50,13 @@ const COUNTERS: &[(&str, &str)] = &[
     ("shoal_swim_identity_conflicts_total", "SWIM identity conflicts (same node, different identity)."),
     ("shoal_swim_members_learned_total", "Members learned through membership push-pull."),
     ("shoal_swim_rejoins_total", "Times this agent renewed its identity after being declared down."),
+    ("shoal_swim_downs_withheld_total", "Suspect-to-down decisions withheld because most of this agent's own probes failed (membership/accuser.rs)."),
+    ("shoal_swim_downs_voided_total", "Withheld suspect-to-down decisions dropped once this agent's probes succeeded again."),
+    ("shoal_swim_renewals_withheld_total", "Identity renewals (TurnUndead) not acted on because most of this agent's own probes failed."),
+    ("shoal_swim_downs_dropped_total", "Piggybacked Down updates dropped before foca: refuted (stale incarnation) or our own while our probes fail."),
+    ("shoal_swim_reconnect_announces_total", "Announces sent by the reconnect tick to addresses of the address book (ADR 0010)."),
+    ("shoal_swim_known_evicted_total", "Address-book entries forgotten or refused because the book was full."),
+    ("shoal_members_file_refused_total", "Persisted address books (members.json) refused as torn or malformed; the agent started from its seeds."),
     ("shoal_swim_updates_deduplicated_total", "Repeated SWIM updates dropped before foca."),
     ("shoal_tls_reloads_total", "TLS material reloads on SIGHUP, by result (ok, error)."),
     ("shoal_transport_bytes_total", "QUIC transport bytes by direction."),
@@ -60,6 +67,8 @@ const COUNTERS: &[(&str, &str)] = &[
 
 /// (name, help) of every gauge.
 const GAUGES: &[(&str, &str)] = &[
+    ("shoal_swim_known_addresses", "Addresses in the SWIM address book (seeds, members seen, restored; at most 512)."),
+    ("shoal_swim_probes_failing", "1 while most of this agent's own probes fail (it withholds accusations and renewals), else 0."),
     (
         "shoal_api_connection_cap",
         "Local API connection caps in force, by scope (total, per_uid).",

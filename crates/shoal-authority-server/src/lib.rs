@@ -24,6 +24,7 @@ pub mod client;
 pub mod config;
 pub mod files;
 pub mod member;
+pub mod metrics_describe;
 pub mod network;
 pub mod policy_cli;
 pub mod regions;

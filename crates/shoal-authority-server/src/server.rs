@@ -986,6 +986,7 @@ pub async fn serve_metrics(addr: SocketAddr) -> anyhow::Result<SocketAddr> {
         .build_recorder();
     let handle = recorder.handle();
     metrics::set_global_recorder(recorder).context("a metrics recorder is already installed")?;
+    crate::metrics_describe::describe_all();
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     tokio::spawn(async move {

@@ -1,0 +1,156 @@
+//! HELP and TYPE of every metric the authority replica emits (`metrics::describe_*`), so a
+//! scrape of `metrics_addr` passes `promtool check metrics` like the agent's does
+//! (`crates/shoal-agent/src/metrics_describe.rs`). A metric added elsewhere without a line here
+//! renders without HELP; `tests/callers/run.sh` runs promtool on a live replica's scrape.
+
+use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+
+/// (name, help) of every counter.
+const COUNTERS: &[(&str, &str)] = &[
+    (
+        "shoal_authority_leader_changes_total",
+        "Leader changes this replica observed.",
+    ),
+    (
+        "shoal_authority_liveness_proposals_total",
+        "Lease safety-net proposals (expiries of instances whose node is down), by kind.",
+    ),
+    (
+        "shoal_authority_liveness_suppressed_total",
+        "Lease safety-net proposals withheld (e.g. during the takeover grace).",
+    ),
+    (
+        "shoal_authority_membership_changes_total",
+        "Replica-set changes (members add/remove) handled, by operation and result.",
+    ),
+    (
+        "shoal_authority_mesh_dropped_total",
+        "Embedded mesh member work dropped because a bounded queue was full, by queue.",
+    ),
+    (
+        "shoal_authority_mesh_overflow_total",
+        "Embedded mesh member overflows of the core's bounded queues, by queue.",
+    ),
+    (
+        "shoal_authority_mesh_publish_refused_total",
+        "Committed records the embedded member refused to publish.",
+    ),
+    (
+        "shoal_authority_mesh_published_total",
+        "Committed records published into the region mesh by the embedded member.",
+    ),
+    (
+        "shoal_authority_mesh_rejected_total",
+        "Records the embedded member rejected, by reason (bad_signature, conflict).",
+    ),
+    (
+        "shoal_authority_mesh_send_errors_total",
+        "Embedded member sends that failed.",
+    ),
+    (
+        "shoal_authority_mesh_transport_dropped_total",
+        "Embedded member datagrams/messages dropped by the transport, by why.",
+    ),
+    (
+        "shoal_authority_records_signed_total",
+        "Lifecycle records signed after commit.",
+    ),
+    (
+        "shoal_authority_refusals_total",
+        "Requests refused by the authority rules or access checks, by code.",
+    ),
+    (
+        "shoal_authority_rpc_rejected_total",
+        "Agent RPCs rejected before reaching the rules (malformed, oversize, overload), by reason.",
+    ),
+    (
+        "shoal_authority_writes_total",
+        "Writes proposed to Raft, by outcome.",
+    ),
+    (
+        "shoal_cross_region_bytes_total",
+        "Bytes of remote-region summary replies received, by region.",
+    ),
+    (
+        "shoal_global_policy_rejected_total",
+        "Global policy documents refused (bad signature, unknown key, not newer).",
+    ),
+    (
+        "shoal_region_pulls_total",
+        "Summary pulls from remote regions, by region and result.",
+    ),
+    (
+        "shoal_region_summaries_served_total",
+        "Signed summaries served to other regions' gateways.",
+    ),
+    (
+        "shoal_remote_summaries_rejected_total",
+        "Remote summaries refused, by reason (unverified, wrong_region, older).",
+    ),
+    (
+        "shoal_tls_reloads_total",
+        "TLS material reloads (SIGHUP), by result.",
+    ),
+];
+
+/// (name, help) of every gauge.
+const GAUGES: &[(&str, &str)] = &[
+    (
+        "shoal_authority_applied_index",
+        "Last Raft log index applied by this replica.",
+    ),
+    (
+        "shoal_authority_is_leader",
+        "1 while this replica is the Raft leader, else 0.",
+    ),
+    (
+        "shoal_authority_mesh_catalog_entries",
+        "Entries in the embedded mesh member's catalog.",
+    ),
+    (
+        "shoal_authority_mesh_members",
+        "Members in the embedded member's SWIM view, by state (alive, down).",
+    ),
+    (
+        "shoal_authority_quorum",
+        "1 while this replica knows a leader with a live majority, else 0.",
+    ),
+    ("shoal_authority_term", "Current Raft term."),
+    (
+        "shoal_remote_summaries",
+        "Remote-region summaries held beside the catalog.",
+    ),
+    (
+        "shoal_tls_cert_expiry_seconds",
+        "Seconds until the presented certificate expires.",
+    ),
+];
+
+/// (name, help) of every histogram (seconds).
+const HISTOGRAMS: &[(&str, &str)] = &[(
+    "shoal_authority_commit_latency_seconds",
+    "Time from proposing a write to its commit and apply, seconds.",
+)];
+
+/// Describes every metric. Call once after the recorder is installed.
+pub fn describe_all() {
+    for (name, help) in COUNTERS {
+        describe_counter!(*name, *help);
+    }
+    for (name, help) in GAUGES {
+        let unit = if name.ends_with("_seconds") {
+            Unit::Seconds
+        } else {
+            Unit::Count
+        };
+        describe_gauge!(*name, unit, *help);
+    }
+    for (name, help) in HISTOGRAMS {
+        describe_histogram!(*name, Unit::Seconds, *help);
+    }
+    metrics::gauge!("shoal_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    describe_gauge!(
+        "shoal_build_info",
+        "Always 1; the version label names the running build."
+    );
+}
