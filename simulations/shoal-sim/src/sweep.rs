@@ -80,11 +80,17 @@ impl Histogram {
     /// Nearest-rank percentile `p` (0-100) as a bucket lower bound, like
     /// [`Distribution::from_values`]; `None` when empty.
     pub fn percentile(&self, p: u64) -> Option<u64> {
+        self.permille(p * 10)
+    }
+
+    /// Nearest-rank quantile in thousandths (999 = p99.9) as a bucket lower bound; `None`
+    /// when empty.
+    pub fn permille(&self, q: u64) -> Option<u64> {
         let n = self.count();
         if n == 0 {
             return None;
         }
-        let rank = (p * n).div_ceil(100).clamp(1, n);
+        let rank = (q * n).div_ceil(1000).clamp(1, n);
         let mut seen = 0;
         for (&b, &c) in &self.buckets {
             seen += c;
@@ -307,7 +313,7 @@ impl Sweep {
                     count: h.count(),
                     p50: h.percentile(50).unwrap_or(0),
                     p99: h.percentile(99).unwrap_or(0),
-                    p999: percentile_permille(&h, 999).unwrap_or(0),
+                    p999: h.permille(999).unwrap_or(0),
                     max: h.buckets.keys().next_back().copied().unwrap_or(0),
                     histogram: h,
                 };
@@ -412,23 +418,6 @@ impl Sweep {
         }
         m
     }
-}
-
-/// Nearest-rank percentile in thousandths (999 = p99.9).
-fn percentile_permille(h: &Histogram, permille: u64) -> Option<u64> {
-    let n = h.count();
-    if n == 0 {
-        return None;
-    }
-    let rank = (permille * n).div_ceil(1000).clamp(1, n);
-    let mut seen = 0;
-    for (&b, &c) in &h.buckets {
-        seen += c;
-        if seen >= rank {
-            return Some(b);
-        }
-    }
-    None
 }
 
 /// Parses `A..B` (exclusive end) or `A..=B` (inclusive end) into the seeds it names.
@@ -606,6 +595,8 @@ mod tests {
         let h = Histogram::of(&[1, 2, 3, 4, 100]);
         assert_eq!(h.percentile(50), Some(3));
         assert_eq!(h.percentile(99), Some(100));
+        assert_eq!(h.permille(200), Some(1));
+        assert_eq!(h.permille(999), Some(100));
         assert_eq!(Histogram::default().percentile(50), None);
     }
 
