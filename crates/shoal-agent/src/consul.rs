@@ -349,7 +349,20 @@ async fn catalog_service(
     Path(name): Path<String>,
     RawQuery(raw): RawQuery,
 ) -> Response {
-    service_answer(&shared, &name, raw, cj::Instance::catalog_json).await
+    let key = match key_of(&name) {
+        Ok(k) => k,
+        Err(e) => return e.into_response(),
+    };
+    let q = match prepare(&shared, raw, Watched::Service(&key)).await {
+        Ok(q) => q,
+        Err(e) => return e.into_response(),
+    };
+    let index = shared.index.service(&key);
+    let list: Vec<Value> = listed(&shared, &key, &q)
+        .iter()
+        .map(|i| i.catalog_json())
+        .collect();
+    answer(&shared, index, Value::Array(list))
 }
 
 async fn health_service(
@@ -357,28 +370,20 @@ async fn health_service(
     Path(name): Path<String>,
     RawQuery(raw): RawQuery,
 ) -> Response {
-    service_answer(&shared, &name, raw, cj::Instance::health_json).await
-}
-
-/// One service's instances (after a blocking wait if asked), each shaped by `shape`: the
-/// catalog and health routes differ only in that.
-async fn service_answer(
-    shared: &Arc<Shared>,
-    name: &str,
-    raw: Option<String>,
-    shape: fn(&cj::Instance) -> Value,
-) -> Response {
-    let key = match key_of(name) {
+    let key = match key_of(&name) {
         Ok(k) => k,
         Err(e) => return e.into_response(),
     };
-    let q = match prepare(shared, raw, Watched::Service(&key)).await {
+    let q = match prepare(&shared, raw, Watched::Service(&key)).await {
         Ok(q) => q,
         Err(e) => return e.into_response(),
     };
     let index = shared.index.service(&key);
-    let list: Vec<Value> = listed(shared, &key, &q).iter().map(shape).collect();
-    answer(shared, index, Value::Array(list))
+    let list: Vec<Value> = listed(&shared, &key, &q)
+        .iter()
+        .map(|i| i.health_json())
+        .collect();
+    answer(&shared, index, Value::Array(list))
 }
 
 async fn catalog_nodes(State(shared): State<Arc<Shared>>, RawQuery(raw): RawQuery) -> Response {

@@ -10,7 +10,7 @@ use shoal_catalog::view::{EndpointState, EndpointView};
 use shoal_proto::ServiceKey;
 
 use crate::consul::consul_name;
-use crate::state::Shared;
+use crate::state::{Shared, ViewLiveness};
 
 /// Node name -> host address of every member this agent knows (itself included).
 pub type MemberAddrs = HashMap<String, IpAddr>;
@@ -291,28 +291,34 @@ pub fn agent_self(shared: &Shared) -> Value {
 /// `/v1/catalog/services`: Consul service name -> the union of its endpoints' tags, for
 /// every service with at least one endpoint that is not EXPIRED.
 pub fn catalog_services(shared: &Shared) -> Value {
-    shared.with_view(|mesh, liveness| {
-        let mut out = serde_json::Map::new();
-        for key in mesh.catalog().service_keys() {
-            let Some(s) = mesh.catalog().service(key) else {
+    let now = shared.now_ms();
+    let mesh = shared.mesh.read().expect("mesh lock");
+    let ej = shared.ejections.lock().expect("ejections");
+    let liveness = ViewLiveness {
+        mesh: mesh.liveness(),
+        ejections: &ej,
+        now_ms: now,
+    };
+    let mut out = serde_json::Map::new();
+    for key in mesh.catalog().service_keys() {
+        let Some(s) = mesh.catalog().service(key) else {
+            continue;
+        };
+        let mut tags = BTreeSet::new();
+        let mut any = false;
+        for e in s.instances.values() {
+            let v = EndpointView::of(e, &liveness);
+            if v.state == EndpointState::Expired {
                 continue;
-            };
-            let mut tags = BTreeSet::new();
-            let mut any = false;
-            for e in s.instances.values() {
-                let v = EndpointView::of(e, liveness);
-                if v.state == EndpointState::Expired {
-                    continue;
-                }
-                any = true;
-                tags.extend(tags_of(&v));
             }
-            if any {
-                out.insert(consul_name(key), json!(tags));
-            }
+            any = true;
+            tags.extend(tags_of(&v));
         }
-        Value::Object(out)
-    })
+        if any {
+            out.insert(consul_name(key), json!(tags));
+        }
+    }
+    Value::Object(out)
 }
 
 /// `/v1/catalog/nodes`: this agent and the members it holds alive.

@@ -131,24 +131,6 @@ impl Shared {
         }
         m.insert(node.clone(), now_ms);
     }
-
-    /// Runs `f` on the mesh (read-locked) and the liveness every view and pick judges by
-    /// (SWIM view + local ejections, now). The one place that takes these two locks, always in
-    /// this order (mesh, then ejections), for the local API, the Consul port and xDS.
-    pub fn with_view<R>(
-        &self,
-        f: impl FnOnce(&Mesh<Keyring>, &ViewLiveness<'_, shoal_mesh::mesh::MeshLiveness<'_>>) -> R,
-    ) -> R {
-        let now_ms = self.now_ms();
-        let mesh = self.mesh.read().expect("mesh lock");
-        let ejections = self.ejections.lock().expect("ejections");
-        let liveness = ViewLiveness {
-            mesh: mesh.liveness(),
-            ejections: &ejections,
-            now_ms,
-        };
-        f(&mesh, &liveness)
-    }
 }
 
 impl Shared {

@@ -13,29 +13,35 @@ use anyhow::Context;
 use shoal_xds::{Ads, Endpoint, Locality, NoFailover, View};
 use tokio::sync::watch;
 
-use crate::state::Shared;
+use crate::state::{Shared, ViewLiveness};
 
 /// Longest a view stays unrebuilt without an index change, ms (ejection expiry).
 pub const REFRESH_MS: u64 = 1_000;
 
 /// The xDS view of everything the agent holds right now.
 pub fn build_view(shared: &Shared) -> View {
+    let now = shared.now_ms();
     let version = shared.view_index();
-    let services = shared.with_view(|mesh, liveness| {
-        let catalog = mesh.catalog();
-        catalog
-            .service_keys()
-            .map(|k| {
-                let eps = catalog
-                    .view(k, liveness)
-                    .endpoints
-                    .iter()
-                    .map(Endpoint::of)
-                    .collect();
-                (k.clone(), eps)
-            })
-            .collect()
-    });
+    let mesh = shared.mesh.read().expect("mesh lock");
+    let ej = shared.ejections.lock().expect("ejections");
+    let liveness = ViewLiveness {
+        mesh: mesh.liveness(),
+        ejections: &ej,
+        now_ms: now,
+    };
+    let catalog = mesh.catalog();
+    let services = catalog
+        .service_keys()
+        .map(|k| {
+            let eps = catalog
+                .view(k, &liveness)
+                .endpoints
+                .iter()
+                .map(Endpoint::of)
+                .collect();
+            (k.clone(), eps)
+        })
+        .collect();
     View { version, services }
 }
 

@@ -14,7 +14,7 @@ use shoal_proto::{LifecycleState, ServiceKey};
 use super::*;
 use crate::access::Action;
 use crate::keys::Jitter;
-use crate::state::Shared;
+use crate::state::{Shared, ViewLiveness};
 
 pub(super) async fn openapi() -> Response {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
@@ -24,23 +24,29 @@ pub(super) async fn openapi() -> Response {
 pub(crate) type TimedView = (EndpointView, RecordTimes);
 
 pub(crate) fn service_view(shared: &Shared, key: &ServiceKey) -> (Vec<TimedView>, u64, u64) {
-    shared.with_view(|mesh, liveness| {
-        let times = shared.apply_times.lock().expect("apply times");
-        let v = mesh.catalog().view(key, liveness);
-        let endpoints = v
-            .endpoints
-            .into_iter()
-            .map(|e| {
-                let t = mesh
-                    .catalog()
-                    .entry(key, &e.instance)
-                    .map(|entry| RecordTimes::of(key, entry, &times))
-                    .unwrap_or_default();
-                (e, t)
-            })
-            .collect();
-        (endpoints, v.modify_index, v.catalog_index)
-    })
+    let now = shared.now_ms();
+    let mesh = shared.mesh.read().expect("mesh lock");
+    let ej = shared.ejections.lock().expect("ejections");
+    let times = shared.apply_times.lock().expect("apply times");
+    let liveness = ViewLiveness {
+        mesh: mesh.liveness(),
+        ejections: &ej,
+        now_ms: now,
+    };
+    let v = mesh.catalog().view(key, &liveness);
+    let endpoints = v
+        .endpoints
+        .into_iter()
+        .map(|e| {
+            let t = mesh
+                .catalog()
+                .entry(key, &e.instance)
+                .map(|entry| RecordTimes::of(key, entry, &times))
+                .unwrap_or_default();
+            (e, t)
+        })
+        .collect();
+    (endpoints, v.modify_index, v.catalog_index)
 }
 
 pub(super) async fn services(
@@ -53,7 +59,15 @@ pub(super) async fn services(
         block(&shared, Watched::All, index, q.wait_ms).await;
     }
     let index = shared.index.current();
-    let list: Vec<Value> = shared.with_view(|mesh, liveness| {
+    let list: Vec<Value> = {
+        let now = shared.now_ms();
+        let mesh = shared.mesh.read().expect("mesh lock");
+        let ej = shared.ejections.lock().expect("ejections");
+        let liveness = ViewLiveness {
+            mesh: mesh.liveness(),
+            ejections: &ej,
+            now_ms: now,
+        };
         mesh.catalog()
             .service_keys()
             .filter(|k| shared.cfg.access.allows(&who, Action::Read, k))
@@ -65,11 +79,11 @@ pub(super) async fn services(
                         .filter(|e| e.lifecycle().record.state != LifecycleState::Expired)
                         .count()
                 });
-                let routable = mesh.catalog().routable(k, liveness).count();
+                let routable = mesh.catalog().routable(k, &liveness).count();
                 json!({"service": k.to_string(), "endpoints": total, "routable": routable})
             })
             .collect()
-    });
+    };
     let mut body = freshness(&shared, index);
     body.insert("services".into(), Value::Array(list));
     Ok(with_index(
@@ -138,19 +152,27 @@ pub(super) async fn pick(
     let q = parse_query(raw)?;
     let r = Jitter::new().next_u64();
     let index = shared.index.service(&key);
-    let picked = shared.with_view(|mesh, liveness| {
+    let picked = {
+        let now = shared.now_ms();
+        let mesh = shared.mesh.read().expect("mesh lock");
+        let ej = shared.ejections.lock().expect("ejections");
         let times = shared.apply_times.lock().expect("apply times");
+        let liveness = ViewLiveness {
+            mesh: mesh.liveness(),
+            ejections: &ej,
+            now_ms: now,
+        };
         let candidates = mesh
             .catalog()
-            .routable(&key, liveness)
-            .filter(|e| q.matches(&EndpointView::of(e, liveness)));
+            .routable(&key, &liveness)
+            .filter(|e| q.matches(&EndpointView::of(e, &liveness)));
         view::pick(candidates, &shared.cfg.region, &shared.cfg.zone, false, r).map(|e| {
             (
-                EndpointView::of(e, liveness),
+                EndpointView::of(e, &liveness),
                 RecordTimes::of(&key, e, &times),
             )
         })
-    });
+    };
     let mut body = freshness(&shared, index);
     body.insert("service".into(), json!(key.to_string()));
     match picked {
