@@ -8,11 +8,93 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use shoal_proto::{NodeId, Region};
 use shoal_transport::certs;
+
+/// The `shoal` binary under test.
+///
+/// `$SHOAL_BIN` when set; otherwise `target/<profile>/shoal`, the directory above this test
+/// executable (`target/<profile>/deps/<test>-<hash>`). This crate cannot name another package's
+/// binary (`CARGO_BIN_EXE_*` is per package). `cargo test --workspace` builds it in the same
+/// invocation (shoal-cli has tests of its own); when it is missing, or older than any source
+/// file under `crates/` or `Cargo.lock` (only `cargo test -p shoal-system-tests` ran after an
+/// edit), the first call in the test process runs `cargo build -p shoal-cli --bin shoal` into
+/// that target directory, so a test never runs a stale binary. Panics with cargo's output if
+/// the build fails.
+pub fn shoal_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(bin) = std::env::var_os("SHOAL_BIN") {
+            return PathBuf::from(bin);
+        }
+        let exe = std::env::current_exe().expect("test executable path");
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("test executable under target/<profile>/deps");
+        let bin = profile_dir.join("shoal");
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let built = std::fs::metadata(&bin).and_then(|m| m.modified()).ok();
+        let mut newest = std::fs::metadata(root.join("Cargo.lock"))
+            .and_then(|m| m.modified())
+            .ok();
+        newest_source(&root.join("crates"), &mut newest);
+        if built.is_some() && built >= newest {
+            return bin;
+        }
+        let mut build = Command::new(env!("CARGO"));
+        build
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "shoal-cli",
+                "--bin",
+                "shoal",
+                "--manifest-path",
+            ])
+            .arg(root.join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(profile_dir.parent().expect("target dir"));
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            build.arg("--release");
+        }
+        let out = build
+            .output()
+            .expect("run cargo build for the shoal binary");
+        assert!(
+            out.status.success(),
+            "cargo build -p shoal-cli failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        bin
+    })
+}
+
+/// Raises `newest` to the latest modification time of any `.rs` or `.toml` file under `dir`.
+fn newest_source(dir: &Path, newest: &mut Option<std::time::SystemTime>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Ok(meta) = entry.metadata() else {
+            continue;
+        };
+        if meta.is_dir() {
+            newest_source(&path, newest);
+        } else if path.extension().is_some_and(|e| e == "rs" || e == "toml") {
+            let modified = meta.modified().ok();
+            if modified > *newest {
+                *newest = modified;
+            }
+        }
+    }
+}
 
 /// Test cluster port (all agents; they differ by IP).
 pub const PORT: u16 = 27946;
@@ -39,7 +121,7 @@ impl Agent {
             .append(true)
             .open(self.dir.join(format!("{}.log", self.name)))
             .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_shoal"))
+        let child = Command::new(shoal_bin())
             .args(["agent", "--config"])
             .arg(&self.config)
             .env("SHOAL_LOG", "info,shoal_transport=debug")

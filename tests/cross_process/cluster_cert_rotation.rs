@@ -54,7 +54,7 @@ fn hup(agent: &Agent) {
 }
 
 fn certs_node(dir: &std::path::Path, node: &str, force: bool) -> std::process::Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_shoal"));
+    let mut cmd = Command::new(common::shoal_bin());
     cmd.args([
         "certs",
         "node",

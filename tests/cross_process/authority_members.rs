@@ -245,7 +245,7 @@ fn rebuild_a_region_from_one_restored_replica() {
     let dir = r.tmp.path().to_owned();
     let backup = dir.join("backup.snap");
     let run = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_shoal"))
+        let out = std::process::Command::new(common::shoal_bin())
             .args(["authority", "snapshot"])
             .args(args)
             .output()

@@ -25,7 +25,7 @@ use authority::*;
 /// Status of replica `i` as JSON, via `shoal authority status`.
 fn status_json(r: &Region3, i: usize) -> Option<Value> {
     let dir = r.tmp.path();
-    let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
+    let out = Command::new(common::shoal_bin())
         .args(["authority", "status", "--timeout-ms", "1000", "--addr"])
         .arg(format!("{}:{RPC_PORT}", auth_ip(r.subnet, i)))
         .arg("--ca")
@@ -45,7 +45,7 @@ fn data_dir(r: &Region3, i: usize) -> PathBuf {
 
 /// Runs `shoal authority snapshot <args>`; (success, stdout, stderr).
 fn snapshot_cmd(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
+    let out = Command::new(common::shoal_bin())
         .args(["authority", "snapshot"])
         .args(args)
         .output()

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 fn shoal(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_shoal"))
+    Command::new(common::shoal_bin())
         .args(args)
         .output()
         .unwrap()

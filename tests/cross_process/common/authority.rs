@@ -38,7 +38,7 @@ impl Authority {
             .open(&self.log)
             .unwrap();
         self.child = Some(
-            Command::new(env!("CARGO_BIN_EXE_shoal"))
+            Command::new(crate::common::shoal_bin())
                 .args(["authority", "run", "--config"])
                 .arg(&self.config)
                 .env("RUST_LOG", "info,openraft=warn")
@@ -659,7 +659,7 @@ pub fn check_agents(agents: &[&Agent], log: &WorkloadLog, timeout: Duration) -> 
 /// Status of replica `i` as JSON, via `shoal authority status`.
 pub fn replica_status(r: &Region3, i: usize) -> Option<Value> {
     let dir = r.tmp.path();
-    let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
+    let out = Command::new(crate::common::shoal_bin())
         .args(["authority", "status", "--timeout-ms", "1000", "--addr"])
         .arg(format!("{}:{RPC_PORT}", auth_ip(r.subnet, i)))
         .arg("--ca")
@@ -700,7 +700,7 @@ pub fn members_cmd_as(
     args: &[&str],
 ) -> (bool, Value, String) {
     let dir = r.tmp.path();
-    let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
+    let out = Command::new(crate::common::shoal_bin())
         .args(["authority", "members"])
         .args(args)
         .arg("--addr")

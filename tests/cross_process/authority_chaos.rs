@@ -222,7 +222,7 @@ fn assert_pass(o: &Outcome) {
     assert!(
         o.violations.is_empty(),
         "fault schedule failed: {:#?}\nreproduce with SHOAL_FAULT_SEED={} SHOAL_FAULT_REPLICAS={} \
-         cargo test -p shoal-cli --test authority_chaos randomized_schedules -- --ignored",
+         cargo test -p shoal-system-tests --test authority_chaos randomized_schedules -- --ignored",
         o.violations,
         o.seed,
         o.replicas

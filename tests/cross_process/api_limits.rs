@@ -127,7 +127,7 @@ fn half_open_flood_does_not_starve_other_callers_or_persistence() {
     let child = Command::new("sh")
         .arg("-c")
         .arg("ulimit -n 1024 && exec \"$0\" agent --config \"$1\"")
-        .arg(env!("CARGO_BIN_EXE_shoal"))
+        .arg(common::shoal_bin())
         .arg(&agent.config)
         .env("SHOAL_LOG", "info")
         .env_remove("SHOAL_SOCKET")

@@ -77,7 +77,7 @@ fn agent_notifies_the_service_manager_when_ready_and_stopping() {
         .set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
     let log = std::fs::File::create(c.tmp.path().join("notify-agent.log")).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_shoal"))
+    let mut child = Command::new(common::shoal_bin())
         .args(["agent", "--config"])
         .arg(&a.config)
         .current_dir(c.tmp.path())
@@ -145,7 +145,7 @@ fn members_list_a_killed_node_as_down_with_its_last_change() {
         "{b}"
     );
     // The table names the state and the change.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shoal"))
+    let out = std::process::Command::new(common::shoal_bin())
         .arg("--socket")
         .arg(&a.socket)
         .arg("members")

@@ -306,7 +306,7 @@ fn lease_safety_net_expires_a_dead_nodes_instances() {
 /// `applied_index` and `revision` of one replica, via `shoal authority status`.
 fn authority_status(r: &Region3, i: usize) -> Option<(u64, u64, Option<String>)> {
     let dir = r.tmp.path();
-    let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
+    let out = Command::new(common::shoal_bin())
         .args(["authority", "status", "--addr"])
         .arg(format!("{}:{RPC_PORT}", auth_ip(r.subnet, i)))
         .arg("--ca")
@@ -328,7 +328,7 @@ fn authority_status(r: &Region3, i: usize) -> Option<(u64, u64, Option<String>)>
 /// Steady-state authority write rate with 5 agents and 100 registered READY instances: the
 /// Raft log must not grow while nothing changes (no renewals through Raft). The window is
 /// `SHOAL_WRITE_RATE_SECS` (default 60). Run with
-/// `cargo test -p shoal-cli --test authority_cluster -- --ignored --nocapture steady_state`.
+/// `cargo test -p shoal-system-tests --test authority_cluster -- --ignored --nocapture steady_state`.
 #[test]
 #[ignore = "measurement: 60 s window"]
 fn steady_state_write_rate() {
