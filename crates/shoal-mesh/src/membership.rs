@@ -55,6 +55,7 @@
 mod accuser;
 mod buckets;
 mod config;
+pub mod forge;
 mod identity;
 mod outputs;
 mod partition;

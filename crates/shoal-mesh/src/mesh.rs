@@ -503,6 +503,14 @@ impl<V: Verifier> Mesh<V> {
                     self.lazy.remove(&m.addr);
                     self.refill_peers();
                 }
+                MembershipEvent::Rejoined { .. } => {
+                    // Every member drops its links to our old identity when it learns that
+                    // it went down (same address): link again, with GRAFTs, or records reach
+                    // us only through IHAVE repair (faults/forged-down: ~1.3 s, issue 15).
+                    self.eager.clear();
+                    self.lazy.clear();
+                    self.refill_peers();
+                }
                 _ => {}
             }
             self.push_event(MeshEvent::Membership(ev));

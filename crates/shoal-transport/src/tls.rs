@@ -162,6 +162,9 @@ struct Inner {
     current: RwLock<Arc<Current>>,
     ok: AtomicU64,
     failed: AtomicU64,
+    /// Secret of the QUIC stateless-reset key, derived from the node key this state was built
+    /// with (see [`TlsState::reset_secret`]).
+    reset_secret: [u8; 32],
 }
 
 /// Swappable TLS material shared by the transports of one process. Cloning shares it.
@@ -189,6 +192,7 @@ impl TlsState {
     pub fn new(region: &Region, material: &TlsMaterial) -> Result<Self, CertError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let current = build(region, &provider, material)?;
+        let reset_secret = reset_secret(&material.key_pem)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 region: region.clone(),
@@ -197,8 +201,20 @@ impl TlsState {
                 current: RwLock::new(Arc::new(current)),
                 ok: AtomicU64::new(0),
                 failed: AtomicU64::new(0),
+                reset_secret,
             }),
         })
+    }
+
+    /// The secret the QUIC endpoint keys its stateless resets with: SHA-256 over a label and
+    /// the node's private key (DER), so every process of this node, across restarts, computes
+    /// the same reset tokens. A restarted agent (kill -9, same address) then answers a peer's
+    /// packet on the connection its previous process left open with a stateless reset (RFC
+    /// 9000 section 10.3) that the peer accepts, and the peer closes that connection at once
+    /// instead of sending into it until its idle timeout. Fixed for the life of the state: a
+    /// key reloaded with SIGHUP changes it at the next start only. Never leaves the process.
+    pub(crate) fn reset_secret(&self) -> [u8; 32] {
+        self.inner.reset_secret
     }
 
     /// Reads the files and calls [`TlsState::new`].
@@ -288,6 +304,17 @@ impl TlsState {
     pub(crate) fn dynamic(&self) -> Arc<Dynamic> {
         Arc::new(Dynamic(self.clone()))
     }
+}
+
+/// See [`TlsState::reset_secret`].
+fn reset_secret(key_pem: &str) -> Result<[u8; 32], CertError> {
+    let key = certs::parse_key(key_pem, "node key")?;
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    ctx.update(b"shoal quic stateless reset v1\0");
+    ctx.update(key.secret_der());
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ctx.finish().as_ref());
+    Ok(out)
 }
 
 fn build(

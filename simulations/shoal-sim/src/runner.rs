@@ -47,6 +47,13 @@ pub trait Harness {
         let _ = (world, fault, targets);
     }
 
+    /// Applies a fault only the node layer can (a crafted membership update, a second process
+    /// with another node's id, a torn persisted snapshot), its targets resolved. The default
+    /// (the toy node) ignores it; [`Harness::on_fault`] is called afterwards either way.
+    fn node_fault(&mut self, world: &mut World<Self::Node>, fault: &NodeFault) {
+        let _ = (world, fault);
+    }
+
     /// Called once at the end: add distributions, series, checks and plot samples.
     fn finish(
         &mut self,
@@ -56,6 +63,37 @@ pub trait Harness {
     ) {
         let _ = (world, report, samples);
     }
+}
+
+/// A fault of the membership menu that needs the node layer, with resolved targets (see
+/// [`Harness::node_fault`] and the scenario module docs).
+#[derive(Clone, Debug, PartialEq)]
+pub enum NodeFault {
+    /// A second process claiming `node`'s id starts on `on`'s machine (whose agent stops).
+    DuplicateId {
+        /// Whose id.
+        node: u32,
+        /// Which machine.
+        on: u32,
+    },
+    /// A crafted SWIM update about `member`, in `from`'s name, to each of `to`.
+    InjectUpdate {
+        /// Receivers.
+        to: Vec<u32>,
+        /// Claimed sender.
+        from: u32,
+        /// Subject.
+        member: u32,
+        /// Claimed state.
+        state: crate::scenario::RumourState,
+        /// Added to the subject's current incarnation.
+        incarnation_delta: i64,
+        /// Added to the subject's current boot generation.
+        boot_delta: i64,
+    },
+    /// These nodes crash while writing their snapshot (the harness tears it, then crashes
+    /// them).
+    CrashTornSnapshot(Vec<u32>),
 }
 
 /// How to run.
@@ -183,6 +221,7 @@ impl<H: Harness> FaultCtx<'_, H> {
             }
             FaultAction::Heal => {
                 self.world.heal();
+                self.world.clear_link_max_datagram();
                 Vec::new()
             }
             FaultAction::Recover(t) => self.each(t, |w, i| w.recover(i)),
@@ -193,6 +232,67 @@ impl<H: Harness> FaultCtx<'_, H> {
                     let ctx = self.world.ctx_for(i);
                     let node = self.harness.make_node(&ctx);
                     self.world.restart(i, node);
+                }
+                nodes
+            }
+            FaultAction::RestartAtNewAddress(t) => {
+                let nodes = self.r(t);
+                for &i in &nodes {
+                    self.world.crash(i);
+                    self.world.relocate(i);
+                    let ctx = self.world.ctx_for(i);
+                    let node = self.harness.make_node(&ctx);
+                    self.world.start(i, node);
+                }
+                nodes
+            }
+            FaultAction::LinkMaxDatagram {
+                from,
+                to,
+                max_datagram_bytes,
+            } => {
+                let (a, b) = (self.r(from), self.r(to));
+                for &x in &a {
+                    for &y in &b {
+                        self.world
+                            .set_link_max_datagram(x, y, *max_datagram_bytes as usize);
+                    }
+                }
+                [a, b].concat()
+            }
+            FaultAction::DuplicateId { node, on } => {
+                let (node, on) = (self.r(node)[0], self.r(on)[0]);
+                let fault = NodeFault::DuplicateId { node, on };
+                self.harness.node_fault(self.world, &fault);
+                vec![node, on]
+            }
+            FaultAction::InjectUpdate {
+                to,
+                from,
+                member,
+                state,
+                incarnation_delta,
+                boot_delta,
+            } => {
+                let to = self.r(to);
+                let (from, member) = (self.r(from)[0], self.r(member)[0]);
+                let fault = NodeFault::InjectUpdate {
+                    to: to.clone(),
+                    from,
+                    member,
+                    state: *state,
+                    incarnation_delta: *incarnation_delta,
+                    boot_delta: *boot_delta,
+                };
+                self.harness.node_fault(self.world, &fault);
+                [vec![member, from], to].concat()
+            }
+            FaultAction::CrashTornSnapshot(t) => {
+                let nodes = self.r(t);
+                let fault = NodeFault::CrashTornSnapshot(nodes.clone());
+                self.harness.node_fault(self.world, &fault);
+                for &i in &nodes {
+                    self.world.crash(i);
                 }
                 nodes
             }

@@ -33,7 +33,14 @@
 //! `isolate_except {nodes, peer}` (each node reachable only by the single `peer`),
 //! `drop_link {from, to}` (every directed pair), `heal`, `recover {nodes}`, `crash {nodes}`,
 //! `restart {nodes}`, `stall {nodes, stall_ms, period_ms, for_ms?}`, `unstall {nodes}`,
-//! `skew {nodes, offset_ms}`, `set_network {loss_pct?, dup_pct?}`.
+//! `skew {nodes, offset_ms}`, `set_network {loss_pct?, dup_pct?}`, and the membership fault
+//! menu (issue 15): `restart_at_new_address {nodes}`, `duplicate_id {nodes = [x], to = [y]}`
+//! (a second process claiming x's node id runs on y's machine), `inject_update {nodes, from =
+//! [s], member = [x], state, incarnation_delta?, boot_delta?}` (a crafted SWIM update about x
+//! in s's name: `state = "down"` at delta 0 is a forged down at x's current incarnation, a
+//! negative delta a stale rumour), `link_max_datagram {from, to, max_datagram_bytes}` (a
+//! path with a smaller MTU; `heal` lifts it) and `crash_torn_snapshot {nodes}` (crash while
+//! writing the snapshot; the next `restart` finds the newest file torn).
 //!
 //! `crash` and `restart` also take `spread_ms`: the targets are resolved once, at `at_ms`, put
 //! in a random order (faults RNG), and the k-th of n is hit at `at_ms + k * spread_ms / n`
@@ -77,8 +84,8 @@ use crate::topology::{RegionShape, Topology};
 
 pub use faults::{FaultAction, TimedFault};
 pub use schema::{
-    FaultKind, FaultSpec, LatencySpec, NetworkSpec, RegionSpec, Selector, Target, TopologySpec,
-    ToySpec,
+    FaultKind, FaultSpec, LatencySpec, NetworkSpec, RegionSpec, RumourState, Selector, Target,
+    TopologySpec, ToySpec,
 };
 pub use workload::{
     CountDist, CrashKind, CrashSpec, DrainSpec, RolloutSpec, ServicesSpec, Tier, TrafficSpec,

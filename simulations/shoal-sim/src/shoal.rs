@@ -52,6 +52,7 @@ use crate::runner::Harness;
 use crate::scenario::{CountDist, CrashKind, FaultAction, Scenario, TimedFault};
 use crate::world::World;
 
+mod fault_menu;
 mod oracle;
 
 /// `[shoal]`: settings of the shoal layer.
@@ -149,6 +150,9 @@ pub struct Expectations {
     /// No pick of a withdrawn or dead endpoint later than its own measured propagation.
     #[serde(default)]
     pub no_late_picks: bool,
+    /// No live node may stay down in any agent's view longer than this, ms (and none at the
+    /// end): a forged or mistaken down must heal (`shoal/fault_menu.rs`).
+    pub max_live_down_spell_ms: Option<u64>,
 }
 
 // ---- verification cache + interning shared by all simulated agents ---------------------------
@@ -467,6 +471,8 @@ pub struct Observer {
     excused_downs: u64,
     /// (node, time) of every false down, for the report (first 32).
     false_down_samples: Vec<(u32, u32, u64)>,
+    /// How long live nodes stay down in each view; forged rumours' subjects.
+    spells: fault_menu::DownSpells,
 }
 
 fn node_index(id: &NodeId) -> Option<u32> {
@@ -479,6 +485,7 @@ impl Observer {
             MeshEvent::LifecycleApplied(rec) => self.on_lifecycle(node, now_ms, &rec),
             MeshEvent::HealthApplied(rec) => self.on_health(node, now_ms, &rec),
             MeshEvent::Membership(MembershipEvent::Down(m)) => self.on_down(node, now_ms, &m),
+            MeshEvent::Membership(MembershipEvent::Up(m)) => self.on_up(node, now_ms, &m),
             _ => {}
         }
     }
@@ -527,7 +534,10 @@ impl Observer {
         // since (boot + 1 per renewal), so any boot from `current` on is this live process.
         let current = self.boots.get(target as usize).copied().flatten();
         if current.is_some_and(|b| m.boot >= b) {
-            if self.excused.contains(&target) || self.excused.contains(&node) {
+            self.spells.down(node, target, now_ms);
+            if self.spells.forged_subjects.contains(&target) {
+                self.spells.forged_subject_downs += 1;
+            } else if self.excused.contains(&target) || self.excused.contains(&node) {
                 self.excused_downs += 1;
             } else {
                 self.false_downs += 1;
@@ -632,6 +642,8 @@ pub struct ShoalHarness {
     /// Each agent's last persisted snapshot (only kept when the scenario restarts agents).
     persisted: Vec<Option<Catalog>>,
     next_persist_ms: u64,
+    /// The membership fault menu's state (`shoal/fault_menu.rs`).
+    menu: fault_menu::MenuState,
 }
 
 /// How often the traffic model runs, ms.
@@ -778,16 +790,13 @@ impl ShoalHarness {
             first_boot_ids: Vec::new(),
             next_share_ms: SHARE_MS,
             maps_shared: 0,
-            persisted: if scenario
-                .faults
-                .iter()
-                .any(|f| matches!(f.action, crate::scenario::FaultKind::Restart))
-            {
+            persisted: if scenario.faults.iter().any(|f| f.action.restarts()) {
                 vec![None; topo.len()]
             } else {
                 Vec::new()
             },
             next_persist_ms: PERSIST_MS,
+            menu: fault_menu::MenuState::default(),
         };
         h.next_sample_ms = h.spec.settle_ms;
         h.populate(scenario, &topo);
@@ -1496,6 +1505,7 @@ impl Harness for ShoalHarness {
             // the one its previous process wrote at the last persist tick (every PERSIST_MS,
             // up to that long before the crash); anti-entropy must bring everything since.
             // Then it auto-joins through three seeds of its region.
+            self.try_torn_snapshot(ctx.index);
             let persisted = self
                 .persisted
                 .get_mut(ctx.index as usize)
@@ -1564,7 +1574,7 @@ impl Harness for ShoalHarness {
                     self.on_node_crash(world, now, t);
                 }
             }
-            FaultAction::Restart(_) => {
+            FaultAction::Restart(_) | FaultAction::RestartAtNewAddress(_) => {
                 // make_node already recorded the new boot; the old identity's death is timed,
                 // unless it was crashed before: crash + restart is one death, timed from the
                 // crash.
@@ -1601,8 +1611,13 @@ impl Harness for ShoalHarness {
             FaultAction::Heal => {}
             FaultAction::Recover(_) | FaultAction::Unstall(_) => {}
             FaultAction::Skew { .. } | FaultAction::SetNetwork { .. } => {}
+            // Applied (and recorded) by `node_fault`; a path MTU is not a cut.
+            FaultAction::DuplicateId { .. }
+            | FaultAction::InjectUpdate { .. }
+            | FaultAction::CrashTornSnapshot(_)
+            | FaultAction::LinkMaxDatagram { .. } => {}
         }
-        if let FaultAction::Restart(_) = fault.action {
+        if let FaultAction::Restart(_) | FaultAction::RestartAtNewAddress(_) = fault.action {
             for &t in targets {
                 self.mark_unaware(world, t);
             }
@@ -1616,6 +1631,11 @@ impl Harness for ShoalHarness {
         samples: &mut BTreeMap<String, Vec<u64>>,
     ) {
         self.report(world, report, samples);
+        self.menu_report(report);
+    }
+
+    fn node_fault(&mut self, world: &mut World<ShoalNode>, fault: &crate::runner::NodeFault) {
+        self.apply_node_fault(world, fault);
     }
 }
 

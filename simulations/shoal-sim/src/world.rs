@@ -34,6 +34,8 @@ use crate::node::{Channel, NodeCtx, SimNode, Transmit};
 use crate::rng::{Purpose, RngTree, SimRng};
 use crate::topology::Topology;
 
+mod membership_faults;
+
 /// A stalled node's backlog is capped at this many events; the rest are dropped and counted.
 pub const MAX_STALL_BACKLOG: usize = 1 << 16;
 /// Width of one bucket of the engine's built-in time series, µs.
@@ -190,6 +192,8 @@ struct Core {
     alive: Vec<bool>,
     counters: Vec<NodeCounters>,
     stats: EngineStats,
+    /// Moved nodes and per-link datagram limits (`world/membership_faults.rs`).
+    moved: membership_faults::Relocations,
 }
 
 impl Core {
@@ -247,14 +251,14 @@ impl Core {
                 c.stream_out.bytes += len as u64;
             }
         }
-        let Some(to) = self.topo.index_of(t.to) else {
+        let Some(to) = self.route(t.to) else {
             return self.drop_msg(from, DropReason::UnknownAddr);
         };
         let limit = match t.channel {
             Channel::Datagram => self.net.max_datagram_bytes,
             Channel::Stream => self.net.max_stream_message_bytes,
         };
-        if len > limit {
+        if len > limit || (t.channel == Channel::Datagram && self.over_link_limit(from, to, len)) {
             return self.drop_msg(from, DropReason::Oversize);
         }
         if !self.faults.is_empty() && self.faults.blocked(from, to) {
@@ -390,6 +394,7 @@ impl<N: SimNode> World<N> {
                 alive: vec![false; n],
                 counters: vec![NodeCounters::default(); n],
                 stats: EngineStats::default(),
+                moved: Default::default(),
             },
             rng: rng.clone(),
         }
@@ -582,7 +587,7 @@ impl<N: SimNode> World<N> {
             }
             EventKind::Deliver(slot) => {
                 let f = self.core.take(slot);
-                let from_addr: SocketAddr = self.core.topo.node(f.from).addr;
+                let from_addr: SocketAddr = self.core.addr_of(f.from);
                 let c = &mut self.core.counters[idx as usize];
                 let len = f.bytes.len() as u64;
                 match f.channel {
@@ -641,7 +646,7 @@ impl<N: SimNode> World<N> {
         NodeCtx {
             index: idx,
             epoch,
-            addr: info.addr,
+            addr: self.core.addr_of(idx),
             region: info.region,
             zone: info.zone,
             seed: self.rng.node_seed(idx, epoch),

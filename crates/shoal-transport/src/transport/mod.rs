@@ -415,8 +415,19 @@ fn live(c: &Option<Connection>) -> Option<Connection> {
 }
 
 impl PeerLink {
+    /// The live sending connection; when it has closed (idle timeout, stateless reset of a
+    /// restarted peer) but the peer's own inbound connection is live, that one is promoted.
     fn current(&self) -> Option<Connection> {
-        live(&self.slot.lock().expect("slot lock"))
+        let mut slot = self.slot.lock().expect("slot lock");
+        if let Some(c) = live(&slot) {
+            return Some(c);
+        }
+        let extra = self.extra.lock().expect("extra lock").take();
+        if let Some(c) = live(&extra) {
+            *slot = Some(c.clone());
+            return Some(c);
+        }
+        None
     }
 
     /// Files a newly established connection: it becomes the sending connection unless a live
@@ -475,6 +486,39 @@ impl PeerLink {
     }
 }
 
+/// `Endpoint::server` with the stateless-reset key and the connection-ID key derived from the
+/// node key ([`TlsState::reset_secret`]) instead of random ones: a peer's connection to this node's
+/// previous process (killed without a CONNECTION_CLOSE, restarted at the same address) is
+/// reset by its first packet here, so the peer dials again at once instead of sending into a
+/// dead connection until its idle timeout (issue 15: a kill -9'd agent's new boot took 30-60 s
+/// and more to be accepted).
+fn bind_endpoint(
+    tls: &TlsState,
+    server: quinn::ServerConfig,
+    listen: SocketAddr,
+) -> std::io::Result<Endpoint> {
+    let secret = tls.reset_secret();
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &secret);
+    let mut config = quinn::EndpointConfig::new(Arc::new(key));
+    // A stateless reset is only sent for a connection ID this endpoint recognises as one it
+    // could have issued (quinn validates the hashed ID first), so the ID generator's key must
+    // survive restarts too: derived from the same secret, under its own label.
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    ctx.update(&secret);
+    ctx.update(b"connection ids");
+    let digest = ctx.finish();
+    let mut cid_key = [0u8; 8];
+    cid_key.copy_from_slice(&digest.as_ref()[..8]);
+    let cid_key = u64::from_le_bytes(cid_key);
+    config.cid_generator(move || {
+        Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cid_key))
+    });
+    let socket = std::net::UdpSocket::bind(listen)?;
+    let runtime =
+        quinn::default_runtime().ok_or_else(|| std::io::Error::other("no async runtime found"))?;
+    Endpoint::new(config, Some(server), socket, runtime)
+}
+
 #[derive(Debug, thiserror::Error)]
 enum DialError {
     #[error("connect: {0}")]
@@ -529,7 +573,7 @@ impl Transport {
         let identity = tls.identity().clone();
         let (server, client) = tls_configs(&config, &tls)?;
         let mut endpoint =
-            Endpoint::server(server, config.listen).map_err(|source| TransportError::Bind {
+            bind_endpoint(&tls, server, config.listen).map_err(|source| TransportError::Bind {
                 addr: config.listen,
                 source,
             })?;

@@ -2,7 +2,7 @@
 //! checked) and [`TimedFault`] (when, what, and the rolling `spread_ms`), as the runner applies
 //! them. Targets are kept as written; selectors are resolved when the fault fires.
 
-use super::{FaultKind, FaultSpec, Scenario, ScenarioError, Target};
+use super::{FaultKind, FaultSpec, RumourState, Scenario, ScenarioError, Target};
 
 /// A fault with every field checked, ready to apply.
 #[derive(Clone, Debug, PartialEq)]
@@ -72,6 +72,41 @@ pub enum FaultAction {
         /// New duplication, percent.
         dup_pct: Option<f64>,
     },
+    /// See [`FaultKind::RestartAtNewAddress`].
+    RestartAtNewAddress(Target),
+    /// See [`FaultKind::DuplicateId`].
+    DuplicateId {
+        /// The node whose id is claimed twice.
+        node: Target,
+        /// The machine that runs the second process.
+        on: Target,
+    },
+    /// See [`FaultKind::InjectUpdate`].
+    InjectUpdate {
+        /// Receivers.
+        to: Target,
+        /// Claimed sender (one node).
+        from: Target,
+        /// Subject (one node).
+        member: Target,
+        /// Claimed state.
+        state: RumourState,
+        /// Added to the subject's current incarnation.
+        incarnation_delta: i64,
+        /// Added to the subject's current boot generation.
+        boot_delta: i64,
+    },
+    /// See [`FaultKind::LinkMaxDatagram`].
+    LinkMaxDatagram {
+        /// Senders.
+        from: Target,
+        /// Receivers.
+        to: Target,
+        /// Limit, bytes.
+        max_datagram_bytes: u32,
+    },
+    /// See [`FaultKind::CrashTornSnapshot`].
+    CrashTornSnapshot(Target),
 }
 
 /// A validated, time-ordered fault.
@@ -102,6 +137,17 @@ impl Scenario {
             K::SetNetwork => &["loss_pct", "dup_pct"],
             K::Crash | K::Restart => &["nodes", "spread_ms"],
             K::Isolate | K::Recover | K::Unstall => &["nodes"],
+            K::RestartAtNewAddress | K::CrashTornSnapshot => &["nodes"],
+            K::DuplicateId => &["nodes", "to"],
+            K::InjectUpdate => &[
+                "nodes",
+                "from",
+                "member",
+                "state",
+                "incarnation_delta",
+                "boot_delta",
+            ],
+            K::LinkMaxDatagram => &["from", "to", "max_datagram_bytes"],
         };
         let present = [
             ("nodes", f.nodes.is_some()),
@@ -117,6 +163,11 @@ impl Scenario {
             ("loss_pct", f.loss_pct.is_some()),
             ("dup_pct", f.dup_pct.is_some()),
             ("spread_ms", f.spread_ms.is_some()),
+            ("member", f.member.is_some()),
+            ("state", f.state.is_some()),
+            ("incarnation_delta", f.incarnation_delta.is_some()),
+            ("boot_delta", f.boot_delta.is_some()),
+            ("max_datagram_bytes", f.max_datagram_bytes.is_some()),
         ];
         if let Some((name, _)) = present
             .iter()
@@ -182,6 +233,49 @@ impl Scenario {
                     dup_pct: f.dup_pct,
                 }
             }
+            K::RestartAtNewAddress => {
+                FaultAction::RestartAtNewAddress(self.need(&f.nodes, "nodes", n)?.clone())
+            }
+            K::CrashTornSnapshot => {
+                FaultAction::CrashTornSnapshot(self.need(&f.nodes, "nodes", n)?.clone())
+            }
+            K::DuplicateId => {
+                let node = self.need(&f.nodes, "nodes", n)?.clone();
+                let on = self.need(&f.to, "to", n)?.clone();
+                for (name, t) in [("nodes", &node), ("to", &on)] {
+                    one_node(name, t)?;
+                }
+                if node == on {
+                    return Err("`nodes` and `to` must be different nodes".into());
+                }
+                FaultAction::DuplicateId { node, on }
+            }
+            K::InjectUpdate => {
+                let from = self.need(&f.from, "from", n)?.clone();
+                let member = self.need(&f.member, "member", n)?.clone();
+                for (name, t) in [("from", &from), ("member", &member)] {
+                    one_node(name, t)?;
+                }
+                FaultAction::InjectUpdate {
+                    to: self.need(&f.nodes, "nodes", n)?.clone(),
+                    from,
+                    member,
+                    state: f.state.ok_or("missing `state`")?,
+                    incarnation_delta: f.incarnation_delta.unwrap_or(0),
+                    boot_delta: f.boot_delta.unwrap_or(0),
+                }
+            }
+            K::LinkMaxDatagram => {
+                let max = f.max_datagram_bytes.ok_or("missing `max_datagram_bytes`")?;
+                if max == 0 {
+                    return Err("`max_datagram_bytes` must be > 0".into());
+                }
+                FaultAction::LinkMaxDatagram {
+                    from: self.need(&f.from, "from", n)?.clone(),
+                    to: self.need(&f.to, "to", n)?.clone(),
+                    max_datagram_bytes: max,
+                }
+            }
         };
         if f.at_ms > self.duration_ms {
             return Err(format!(
@@ -226,5 +320,16 @@ impl Scenario {
         }
         out.sort_by_key(|f| f.at_ms);
         Ok(out)
+    }
+}
+
+/// A target that must name exactly one node: an explicit list of one index (a selector may
+/// resolve to any number, so it is refused here).
+fn one_node(field: &str, t: &Target) -> Result<(), String> {
+    match t {
+        Target::Ids(ids) if ids.len() == 1 => Ok(()),
+        _ => Err(format!(
+            "`{field}` must name exactly one node, as `[index]`"
+        )),
     }
 }

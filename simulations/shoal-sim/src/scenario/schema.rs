@@ -167,6 +167,45 @@ pub enum FaultKind {
     Skew,
     /// Loss / duplication change.
     SetNetwork,
+    /// `nodes` crash and start again at a new address (a rescheduled pod, a new VM): same node
+    /// id, next boot generation, an address no node had before.
+    RestartAtNewAddress,
+    /// A second process claiming the node id of `nodes` (one node) starts on the machine of
+    /// `to` (one node, whose own agent stops): a cloned VM or a copied configuration.
+    DuplicateId,
+    /// A crafted SWIM update about `member` (one node) in the name of `from` (one node), sent
+    /// to each of `nodes`: `state` at the member's current incarnation plus
+    /// `incarnation_delta`, for its current boot generation plus `boot_delta` (a forged
+    /// `down` at delta 0; a stale rumour below 0).
+    InjectUpdate,
+    /// Datagrams larger than `max_datagram_bytes` are dropped on every link `from` x `to`
+    /// (a path with a smaller MTU); `heal` lifts it.
+    LinkMaxDatagram,
+    /// `nodes` crash in the middle of writing their snapshot: the newest persisted file is
+    /// torn; a later `restart` must refuse it (invariant 7) and start from the previous one.
+    CrashTornSnapshot,
+}
+
+impl FaultKind {
+    /// Whether this fault (re)starts agents, which then load their persisted snapshot.
+    pub fn restarts(self) -> bool {
+        matches!(
+            self,
+            FaultKind::Restart | FaultKind::RestartAtNewAddress | FaultKind::CrashTornSnapshot
+        )
+    }
+}
+
+/// The state carried by an [`FaultKind::InjectUpdate`].
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RumourState {
+    /// Alive.
+    Alive,
+    /// Suspect.
+    Suspect,
+    /// Down.
+    Down,
 }
 
 /// `[[faults]]`: a flat table, checked by [`Scenario::validate`] per kind.
@@ -203,6 +242,16 @@ pub struct FaultSpec {
     pub dup_pct: Option<f64>,
     /// `crash` / `restart`: hit the targets one by one, evenly over this many ms.
     pub spread_ms: Option<u64>,
+    /// `inject_update`: the member the update is about (one node).
+    pub member: Option<Target>,
+    /// `inject_update`: the state it claims.
+    pub state: Option<RumourState>,
+    /// `inject_update`: added to the member's current incarnation (default 0: current).
+    pub incarnation_delta: Option<i64>,
+    /// `inject_update`: added to the member's current boot generation (default 0).
+    pub boot_delta: Option<i64>,
+    /// `link_max_datagram`: the path's datagram limit, bytes.
+    pub max_datagram_bytes: Option<u32>,
 }
 
 /// `[toy]`: the ping node used until the mesh adapter exists.

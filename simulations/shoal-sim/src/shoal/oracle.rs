@@ -381,8 +381,9 @@ impl ShoalHarness {
             .count() as u64
     }
 
-    /// A fingerprint of one agent's state: heads and membership view.
-    pub(super) fn fingerprint(n: &ShoalNode, me: u32) -> u64 {
+    /// A fingerprint of one agent's state: heads and membership view (its own node id as
+    /// its identity says: a `duplicate_id` process claims another node's).
+    pub(super) fn fingerprint(n: &ShoalNode, _slot: u32) -> u64 {
         let mut h = FNV;
         let heads = n.mesh().catalog().heads();
         for r in &heads.regions {
@@ -398,7 +399,7 @@ impl ShoalHarness {
             h = fnv(h, &o.pending_hash.to_le_bytes());
         }
         let mut members: Vec<&NodeId> = n.mesh().membership().members().map(|m| &m.node).collect();
-        let me = node_id(me);
+        let me = n.mesh().membership().identity().node.clone();
         members.push(&me);
         members.sort();
         for m in members {
