@@ -57,6 +57,8 @@ mod keys;
 mod node;
 mod observer;
 mod oracle;
+mod regions;
+mod regions_report;
 mod spec;
 mod traffic;
 mod workload;
@@ -67,7 +69,10 @@ pub use node::ShoalNode;
 use node::*;
 pub use observer::Observer;
 use observer::*;
-pub use spec::{Expectations, ShoalSpec, Window};
+pub use spec::{
+    Expectations, GlobalServiceSpec, PolicySpec, RegionExpectations, RegionsSpec, ShoalSpec,
+    Window, WithdrawSpec,
+};
 use workload::*;
 
 /// The shoal harness: drives `shoal-mesh` nodes through a scenario and measures it.
@@ -110,6 +115,8 @@ pub struct ShoalHarness {
     /// Each agent's last persisted snapshot (only kept when the scenario restarts agents).
     persisted: Vec<Option<Catalog>>,
     next_persist_ms: u64,
+    /// The regional model (`[shoal.regions]`), if the scenario has one.
+    regions: Option<Box<regions::Regions>>,
 }
 
 /// How often the traffic model runs, ms.
@@ -266,10 +273,14 @@ impl ShoalHarness {
                 Vec::new()
             },
             next_persist_ms: PERSIST_MS,
+            regions: None,
         };
         h.next_sample_ms = h.spec.settle_ms;
         h.populate(scenario, &topo);
         h.schedule_workload(scenario);
+        if let Some(r) = h.spec.regions.clone() {
+            h.setup_regions(&r, &topo, tree)?;
+        }
         Ok(h)
     }
 
@@ -435,6 +446,7 @@ impl Harness for ShoalHarness {
             mesh.catalog_mut().reset_counters();
             let seeds = self.seed_addrs(topo, region, ctx.index);
             mesh.handle_command(now, Command::Join { seeds });
+            self.regions_on_restart(ctx.index);
         }
         self.observer.borrow_mut().boots[ctx.index as usize] = Some(boot);
         let mut node = ShoalNode {
@@ -452,7 +464,11 @@ impl Harness for ShoalHarness {
         let traffic = (self.picks_per_agent_per_s > 0.0).then_some(self.next_traffic_ms);
         let sample =
             (self.converged_at.len() < self.region_names.len()).then_some(self.next_sample_ms);
-        [action, traffic, sample].into_iter().flatten().min()
+        let regions = self.regions.as_ref().map(|r| r.next_wakeup_ms());
+        [action, traffic, sample, regions]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     fn wake(&mut self, world: &mut World<ShoalNode>) {
@@ -483,6 +499,9 @@ impl Harness for ShoalHarness {
         if now >= self.spec.settle_ms && self.next_sample_ms <= now {
             self.sample_convergence(world, now);
             self.next_sample_ms = now + SAMPLE_MS;
+        }
+        if self.regions.is_some() {
+            self.wake_regions(world);
         }
     }
 
@@ -532,6 +551,7 @@ impl Harness for ShoalHarness {
             FaultAction::Recover(_) | FaultAction::Unstall(_) => {}
             FaultAction::Skew { .. } | FaultAction::SetNetwork { .. } => {}
         }
+        self.regions_on_fault(world, now);
         if let FaultAction::Restart(_) = fault.action {
             for &t in targets {
                 self.mark_unaware(world, t);
@@ -546,6 +566,7 @@ impl Harness for ShoalHarness {
         samples: &mut BTreeMap<String, Vec<u64>>,
     ) {
         self.report(world, report, samples);
+        self.report_regions(world, report, samples);
     }
 }
 

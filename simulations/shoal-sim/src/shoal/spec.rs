@@ -49,6 +49,9 @@ pub struct ShoalSpec {
     /// Thresholds that turn into report checks.
     #[serde(default)]
     pub expect: Expectations,
+    /// Cross-region services, their global policy and the summary path (issue 16); see
+    /// [`RegionsSpec`]. Absent: regions never exchange anything, as before.
+    pub regions: Option<RegionsSpec>,
 }
 
 fn default_commit_ms() -> u64 {
@@ -97,4 +100,125 @@ pub struct Expectations {
     /// No pick of a withdrawn or dead endpoint later than its own measured propagation.
     #[serde(default)]
     pub no_late_picks: bool,
+}
+
+/// `[shoal.regions]`: services present in every region, the global policy, the summary path
+/// between region authorities and the regional failover workload (issue 16,
+/// docs/adr/0013-global-policy-and-failover.md).
+///
+/// The model: each region's authority pulls, every `authority_pull_ms`, the summaries of the
+/// services whose policy lets its region fail over to the other region (one request per
+/// remote region, `cross_region_ms` + up to `cross_region_jitter_ms` each way); the remote
+/// authority builds them from its mesh member's catalog and signs them. Each agent pulls its
+/// own authority's held set every `agent_pull_ms` (in-region, `feed_ms` one way). Every
+/// byte of the cross-region requests and replies is counted (postcard payloads, as the real
+/// authority's `shoal_cross_region_bytes_total`).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RegionsSpec {
+    /// Authority-to-authority summary pull period, ms (the real authority's default).
+    #[serde(default = "default_pull_ms")]
+    pub authority_pull_ms: u64,
+    /// Agent-to-own-authority failover feed pull period, ms (the real agent's default).
+    #[serde(default = "default_pull_ms")]
+    pub agent_pull_ms: u64,
+    /// One-way latency between two regions' authorities, ms (at least 30).
+    #[serde(default = "default_cross_region_ms")]
+    pub cross_region_ms: u64,
+    /// Uniform jitter added to each cross-region leg, ms.
+    #[serde(default = "default_cross_region_jitter_ms")]
+    pub cross_region_jitter_ms: u64,
+    /// One-way latency of an agent's feed pull inside its region, ms.
+    #[serde(default = "default_feed_ms")]
+    pub feed_ms: u64,
+    /// Picks per agent per second of each service listed here (every agent calls every
+    /// one of them; the sampling step of the failover reaction is 1 / this).
+    #[serde(default = "default_region_picks")]
+    pub picks_per_agent_per_s: f64,
+    /// Services with `instances_per_region` READY instances in every region.
+    pub services: Vec<GlobalServiceSpec>,
+    /// Withdrawals of every endpoint of one service in one region.
+    #[serde(default)]
+    pub withdraw: Vec<WithdrawSpec>,
+    /// Checks.
+    #[serde(default)]
+    pub expect: RegionExpectations,
+}
+
+fn default_pull_ms() -> u64 {
+    1_000
+}
+fn default_cross_region_ms() -> u64 {
+    40
+}
+fn default_cross_region_jitter_ms() -> u64 {
+    20
+}
+fn default_feed_ms() -> u64 {
+    2
+}
+fn default_region_picks() -> f64 {
+    10.0
+}
+
+/// One service present in every region.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GlobalServiceSpec {
+    /// Catalog key, `namespace/name/port`.
+    pub name: String,
+    /// READY instances per region at the start.
+    pub instances_per_region: u32,
+    /// Its global policy; absent: the service never leaves its region.
+    pub policy: Option<PolicySpec>,
+}
+
+/// A service's policy as the scenario states it (becomes a `ServicePolicy` in the signed
+/// global policy document every agent holds).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PolicySpec {
+    /// Allowed failover regions, in order.
+    pub regions: Vec<String>,
+    /// Read-only failover (default: writable).
+    #[serde(default)]
+    pub read_only: bool,
+    /// Cap on failover requests per second per agent.
+    pub max_cross_region_rps: Option<u32>,
+    /// Past this summary age, degrade (default) or refuse.
+    pub max_snapshot_age_s: Option<u32>,
+    /// Refuse summaries older than `max_snapshot_age_s` instead of serving them degraded.
+    #[serde(default)]
+    pub refuse_stale: bool,
+}
+
+/// At `at_ms`, every READY endpoint of `service` in `region` is drained (or only `count`).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct WithdrawSpec {
+    /// When, virtual ms.
+    pub at_ms: u64,
+    /// Catalog key.
+    pub service: String,
+    /// Region name.
+    pub region: String,
+    /// Drain only this many (in instance order); the failover reaction is timed only for
+    /// full withdrawals.
+    pub count: Option<u32>,
+}
+
+/// Pass/fail thresholds of the regional checks.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RegionExpectations {
+    /// Failover reaction p99 (last local endpoint withdrawn -> each agent's first failover
+    /// pick) must not exceed this, ms; every agent of the region must fail over.
+    pub failover_reaction_p99_ms: Option<u64>,
+    /// Region isolation checks (a region cut off from the others by link faults): every
+    /// region keeps serving, the policy is unchanged, no summary of a cut-off region is
+    /// upgraded, and every agent holds a fresh one within this many ms after the heal.
+    pub reconcile_within_ms: Option<u64>,
+    /// A capped policy must give explicit capped answers and never exceed its cap.
+    #[serde(default)]
+    pub capped: bool,
 }
