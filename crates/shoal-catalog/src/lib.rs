@@ -19,6 +19,7 @@
 //! ```
 
 pub mod catalog;
+pub mod failover;
 pub mod heads;
 pub mod lifecycle;
 pub mod remote;

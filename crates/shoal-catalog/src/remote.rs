@@ -76,6 +76,10 @@ pub enum OfferError {
     /// [`MAX_REMOTE_SUMMARIES`] pairs are held already.
     #[error("remote summary capacity ({MAX_REMOTE_SUMMARIES}) exhausted")]
     Full,
+    /// The held global policy does not let this region fail over to that one for that
+    /// service (or no policy is held).
+    #[error("no held global policy allows this failover")]
+    NotAllowed,
 }
 
 impl OfferError {
@@ -86,6 +90,7 @@ impl OfferError {
             Self::Unverified(_) => "unverified",
             Self::NotNewer => "not_newer",
             Self::Full => "full",
+            Self::NotAllowed => "not_allowed",
         }
     }
 }
@@ -127,6 +132,21 @@ impl RemoteSummaries {
         region_keys: &TrustedKeys,
         now_ms: u64,
     ) -> Result<(), OfferError> {
+        self.offer_checked(signed, now_ms, |s| s.verify(region_keys))
+    }
+
+    /// As [`Self::offer`], with the signature check supplied by the caller (run only for a
+    /// summary that would be kept): the simulator verifies each distinct summary once and
+    /// shares the result between its agents.
+    ///
+    /// # Errors
+    /// [`OfferError`]; nothing changes then.
+    pub fn offer_checked(
+        &mut self,
+        signed: Arc<SignedSummary>,
+        now_ms: u64,
+        verify: impl FnOnce(&SignedSummary) -> Result<(), String>,
+    ) -> Result<(), OfferError> {
         let s = &signed.summary;
         if s.region == self.local {
             return Err(OfferError::OwnRegion(s.region.clone()));
@@ -137,7 +157,7 @@ impl RemoteSummaries {
             None if self.held.len() >= MAX_REMOTE_SUMMARIES => return Err(OfferError::Full),
             _ => {}
         }
-        signed.verify(region_keys).map_err(OfferError::Unverified)?;
+        verify(&signed).map_err(OfferError::Unverified)?;
         self.held.insert(
             pair,
             HeldSummary {
