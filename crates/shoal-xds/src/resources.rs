@@ -236,7 +236,6 @@ fn lb_endpoint(ep: &Endpoint, failover: Option<&FailoverRegion>) -> LbEndpoint {
             hostname: ep.instance.clone(),
             ..Default::default()
         })),
-        ..Default::default()
     }
 }
 
@@ -463,8 +462,10 @@ mod tests {
         );
     }
 
-    /// (priority, region, `filter_metadata["shoal"]` as (tier, read_only, degraded)) per locality.
-    fn tiers(cla: &ClusterLoadAssignment) -> Vec<(u32, String, Option<(String, bool, bool)>)> {
+    /// (priority, region, `filter_metadata["shoal"]` as (tier, read_only, degraded)) of a locality.
+    type Tiered = (u32, String, Option<(String, bool, bool)>);
+
+    fn tiers(cla: &ClusterLoadAssignment) -> Vec<Tiered> {
         cla.endpoints
             .iter()
             .map(|l| {

@@ -156,8 +156,10 @@ async fn subscribe_ack_push_nack_over_grpc() {
         .unwrap();
 }
 
-/// (priority, region, hostnames, `filter_metadata["shoal"].read_only`) per locality.
-fn localities(resp: &DiscoveryResponse) -> Vec<(u32, String, Vec<String>, Option<bool>)> {
+/// (priority, region, hostnames, `filter_metadata["shoal"].read_only`) of a locality.
+type Served = (u32, String, Vec<String>, Option<bool>);
+
+fn localities(resp: &DiscoveryResponse) -> Vec<Served> {
     use envoy_types::pb::google::protobuf::value::Kind;
     let cla = ClusterLoadAssignment::decode(resp.resources[0].value.as_slice()).unwrap();
     cla.endpoints
@@ -194,7 +196,7 @@ fn failover_view(version: u64, health: EndpointHealth) -> Arc<View> {
         instance: name.into(),
         address: "127.0.0.1:9200".parse().unwrap(),
         region: Region::new(region).unwrap(),
-        zone: Zone::new(&format!("{region}-a")).unwrap(),
+        zone: Zone::new(format!("{region}-a")).unwrap(),
         weight: 10,
         health,
     };
