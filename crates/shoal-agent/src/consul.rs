@@ -20,9 +20,14 @@
 //! unless `allow_non_loopback = true`, and cannot be enabled while `[access] reads =
 //! "granted"` (the configuration is refused at start). Writes do not exist on this port.
 //!
-//! Bad input (an unparsable `index` or `wait`, a `filter` expression, a foreign `dc`, a name
-//! that is not `<service>.<port>.<namespace>`) gets Consul's status with a plain-text reason
-//! and is counted in `shoal_rejected_inputs_total{source="consul",reason}`.
+//! `filter` (Consul's filter expressions, the subset in [`crate::consul_filter`]) applies to
+//! `/v1/health/service`, `/v1/catalog/service` (selectors of their element shapes) and
+//! `/v1/catalog/services` (selectors of the catalog element: a service is listed when one of
+//! its instances passes).
+//!
+//! Bad input (an unparsable `index` or `wait`, a bad `filter` expression or selector, a foreign
+//! `dc`, a name that is not `<service>.<port>.<namespace>`) gets Consul's status with a
+//! plain-text reason and is counted in `shoal_rejected_inputs_total{source="consul",reason}`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -38,6 +43,7 @@ use shoal_catalog::view::EndpointState;
 use shoal_proto::ServiceKey;
 
 use crate::api::{self, Watched};
+use crate::consul_filter::{self as cf, Filter};
 use crate::consul_json as cj;
 use crate::state::Shared;
 
@@ -150,6 +156,7 @@ struct ConsulQuery {
     wait_ms: Option<u64>,
     passing: bool,
     tags: Vec<String>,
+    filter: Option<Filter>,
 }
 
 /// Parses a Go duration (`300ms`, `10s`, `5m`, `1m30s`, `1h`) into ms; a bare number is
@@ -210,11 +217,15 @@ fn parse_query(raw: Option<&str>) -> Result<ConsulQuery, ConsulError> {
                 q.passing = !matches!(v.as_str(), "0" | "false" | "False" | "FALSE");
             }
             "tag" => q.tags.push(v),
+            // An empty filter is no filter, as in Consul.
+            "filter" if v.trim().is_empty() => {}
             "filter" => {
-                return Err(ConsulError::bad(
-                    "filter_unsupported",
-                    "filter expressions are not supported by shoal's Consul API",
-                ))
+                q.filter = Some(Filter::parse(&v).map_err(|e| {
+                    ConsulError::bad(
+                        "bad_filter",
+                        format!("Failed to create boolean expression evaluator: {e}"),
+                    )
+                })?)
             }
             // Consul ignores what it does not know for a route (stale, consistent, cached,
             // near, ns, partition, dc is checked by the caller); so do we.
@@ -240,14 +251,27 @@ fn check_dc(shared: &Shared, raw: Option<&str>) -> Result<(), ConsulError> {
     Ok(())
 }
 
-/// Parses, checks `dc`, and blocks when asked. Returns the query.
+/// Parses, checks `dc` and the filter's selectors against `shape` (the route's element; `None`:
+/// the route takes no filter), and blocks when asked. Returns the query.
 async fn prepare(
     shared: &Shared,
     raw: Option<String>,
     watched: Watched<'_>,
+    shape: Option<fn() -> Value>,
 ) -> Result<ConsulQuery, ConsulError> {
     check_dc(shared, raw.as_deref())?;
     let q = parse_query(raw.as_deref())?;
+    if let Some(f) = &q.filter {
+        let shape = shape.ok_or_else(|| {
+            ConsulError::bad("bad_filter", "this endpoint does not support filtering")
+        })?;
+        f.check_selectors(&shape()).map_err(|e| {
+            ConsulError::bad(
+                "bad_filter",
+                format!("Failed to create boolean expression evaluator: {e}"),
+            )
+        })?;
+    }
     if let Some(index) = q.index {
         let wait = q.wait_ms.unwrap_or(DEFAULT_WAIT_MS).min(MAX_WAIT_MS);
         api::block_on(shared, watched, index, wait).await;
@@ -312,11 +336,45 @@ async fn agent_self(State(shared): State<Arc<Shared>>, RawQuery(raw): RawQuery) 
 }
 
 async fn catalog_services(State(shared): State<Arc<Shared>>, RawQuery(raw): RawQuery) -> Response {
-    if let Err(e) = prepare(&shared, raw, Watched::All).await {
-        return e.into_response();
-    }
+    let q = match prepare(&shared, raw, Watched::All, Some(cf::catalog_shape)).await {
+        Ok(q) => q,
+        Err(e) => return e.into_response(),
+    };
     let index = shared.index.current();
-    answer(&shared, index, cj::catalog_services(&shared))
+    let body = match &q.filter {
+        None => cj::catalog_services(&shared),
+        Some(f) => filtered_services(&shared, f),
+    };
+    answer(&shared, index, body)
+}
+
+/// `/v1/catalog/services` with a filter: each service one of whose instances (as
+/// `/v1/catalog/service` shows it) passes, with the tags of the instances that pass.
+fn filtered_services(shared: &Shared, f: &Filter) -> Value {
+    let keys: Vec<ServiceKey> = {
+        let mesh = shared.mesh.read().expect("mesh lock");
+        mesh.catalog().service_keys().cloned().collect()
+    };
+    let all = ConsulQuery::default();
+    let mut out = serde_json::Map::new();
+    for key in keys {
+        let passing: Vec<Value> = listed(shared, &key, &all)
+            .iter()
+            .map(|i| i.catalog_json())
+            .filter(|j| f.matches(j))
+            .collect();
+        if passing.is_empty() {
+            continue;
+        }
+        let tags: std::collections::BTreeSet<&str> = passing
+            .iter()
+            .filter_map(|j| j["ServiceTags"].as_array())
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        out.insert(consul_name(&key), serde_json::json!(tags));
+    }
+    Value::Object(out)
 }
 
 fn key_of(name: &str) -> Result<ServiceKey, ConsulError> {
@@ -353,7 +411,14 @@ async fn catalog_service(
         Ok(k) => k,
         Err(e) => return e.into_response(),
     };
-    let q = match prepare(&shared, raw, Watched::Service(&key)).await {
+    let q = match prepare(
+        &shared,
+        raw,
+        Watched::Service(&key),
+        Some(cf::catalog_shape),
+    )
+    .await
+    {
         Ok(q) => q,
         Err(e) => return e.into_response(),
     };
@@ -361,6 +426,7 @@ async fn catalog_service(
     let list: Vec<Value> = listed(&shared, &key, &q)
         .iter()
         .map(|i| i.catalog_json())
+        .filter(|j| q.filter.as_ref().is_none_or(|f| f.matches(j)))
         .collect();
     answer(&shared, index, Value::Array(list))
 }
@@ -374,7 +440,7 @@ async fn health_service(
         Ok(k) => k,
         Err(e) => return e.into_response(),
     };
-    let q = match prepare(&shared, raw, Watched::Service(&key)).await {
+    let q = match prepare(&shared, raw, Watched::Service(&key), Some(cf::health_shape)).await {
         Ok(q) => q,
         Err(e) => return e.into_response(),
     };
@@ -382,12 +448,13 @@ async fn health_service(
     let list: Vec<Value> = listed(&shared, &key, &q)
         .iter()
         .map(|i| i.health_json())
+        .filter(|j| q.filter.as_ref().is_none_or(|f| f.matches(j)))
         .collect();
     answer(&shared, index, Value::Array(list))
 }
 
 async fn catalog_nodes(State(shared): State<Arc<Shared>>, RawQuery(raw): RawQuery) -> Response {
-    if let Err(e) = prepare(&shared, raw, Watched::Members).await {
+    if let Err(e) = prepare(&shared, raw, Watched::Members, None).await {
         return e.into_response();
     }
     let index = shared.index.members();
@@ -470,12 +537,21 @@ mod tests {
                 index: Some(9),
                 wait_ms: Some(30_000),
                 passing: true,
-                tags: vec!["zone=a".into()]
+                tags: vec!["zone=a".into()],
+                filter: None,
             }
         );
         assert!(!parse_query(Some("passing=false")).ok().unwrap().passing);
         assert!(parse_query(Some("index=-1")).is_err());
         assert!(parse_query(Some("wait=forever")).is_err());
-        assert!(parse_query(Some("filter=Service.Port%3D%3D80")).is_err());
+        assert_eq!(
+            parse_query(Some("filter=Service.Port%3D%3D80"))
+                .ok()
+                .unwrap()
+                .filter,
+            Some(Filter::parse("Service.Port == 80").unwrap())
+        );
+        assert!(parse_query(Some("filter=Service.Port%3D%3D")).is_err());
+        assert!(parse_query(Some("filter=")).ok().unwrap().filter.is_none());
     }
 }

@@ -184,6 +184,19 @@ impl NoFailover {
     }
 }
 
+/// One failover region of a service as the xDS view serves it ([`Failover::xds_regions`]).
+#[derive(Debug, Clone)]
+pub struct XdsRegion {
+    /// The region, in the policy's order.
+    pub region: Region,
+    /// The policy is read-only.
+    pub read_only: bool,
+    /// The summary is past `max_snapshot_age_s` and the policy degrades.
+    pub degraded: bool,
+    /// The routable endpoints of the held summary.
+    pub endpoints: Vec<SummaryEndpoint>,
+}
+
 struct Inner {
     policy: Option<Arc<SignedGlobalPolicy>>,
     remote: RemoteSummaries,
@@ -406,6 +419,52 @@ impl Failover {
             w.1 += 1;
         }
         Ok(pick)
+    }
+
+    /// What the xDS view serves of failover (`crate::xds`): per service with a policy that
+    /// allows another region, its regions in policy order with `read_only`, `degraded` and the
+    /// endpoints of the held summary (none when no summary is held). A region whose summary is
+    /// past `max_snapshot_age_s` under `on_stale = refuse` is left out, as in a pick; the
+    /// per-agent `max_cross_region_rps` cap cannot apply to a client that balances itself.
+    pub fn xds_regions(&self) -> Vec<(ServiceKey, Vec<XdsRegion>)> {
+        let inner = self.inner.lock().expect("failover");
+        let Some(policy) = inner.policy.clone() else {
+            return Vec::new();
+        };
+        let now = wall_ms();
+        let mut out = Vec::new();
+        for gs in &policy.policy.services {
+            let sp = &gs.policy;
+            let read_only = sp.mode == FailoverMode::ReadOnly;
+            let max_age_ms = sp.max_snapshot_age_s.map(|s| u64::from(s) * 1_000);
+            let mut regions = Vec::new();
+            for region in sp
+                .allowed_failover_regions
+                .iter()
+                .filter(|r| **r != self.region)
+            {
+                let held = inner.remote.get(region, &gs.key);
+                let stale = held.is_some_and(|h| {
+                    let age = now.saturating_sub(h.signed.summary.generated_at_ms);
+                    max_age_ms.is_some_and(|m| age > m)
+                });
+                if stale && sp.on_stale == StaleAction::Refuse {
+                    continue;
+                }
+                regions.push(XdsRegion {
+                    region: region.clone(),
+                    read_only,
+                    degraded: stale,
+                    endpoints: held
+                        .map(|h| h.signed.summary.endpoints.clone())
+                        .unwrap_or_default(),
+                });
+            }
+            if !regions.is_empty() {
+                out.push((gs.key.clone(), regions));
+            }
+        }
+        out
     }
 
     /// JSON of the held policy and summaries, for `/v1/failover`.
@@ -711,6 +770,48 @@ mod tests {
         f.apply_feed(None, vec![summary(2, 1, NOW + 10)], 0);
         assert_eq!(f.apply_feed(None, vec![summary(2, 0, NOW)], 0), (false, 0));
         assert!(f.pick_inner(&key(), false, 0, 1, NOW + 10).is_ok());
+    }
+
+    #[test]
+    fn xds_regions_follow_the_policy_order_and_leave_out_refused_stale_ones() {
+        let (f, _) = agent(policy(FailoverMode::ReadOnly, None, StaleAction::Degrade));
+        let now = wall_ms();
+        // r2: fresh, one endpoint; r3: past max_snapshot_age_s (10 s), two endpoints.
+        f.apply_feed(
+            None,
+            vec![summary(2, 1, now), summary(3, 2, now - 60_000)],
+            0,
+        );
+        let got = f.xds_regions();
+        assert_eq!(got.len(), 1, "one service has a policy");
+        assert_eq!(got[0].0, key());
+        let regions: Vec<(String, bool, bool, usize)> = got[0]
+            .1
+            .iter()
+            .map(|r| {
+                (
+                    r.region.to_string(),
+                    r.read_only,
+                    r.degraded,
+                    r.endpoints.len(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            regions,
+            vec![("r2".into(), true, false, 1), ("r3".into(), true, true, 2)],
+            "the agent's own region r1 is skipped; r3 is served degraded"
+        );
+        let (f, _) = agent(policy(FailoverMode::Writable, None, StaleAction::Refuse));
+        f.apply_feed(
+            None,
+            vec![summary(2, 1, now), summary(3, 2, now - 60_000)],
+            0,
+        );
+        let got = f.xds_regions();
+        let names: Vec<String> = got[0].1.iter().map(|r| r.region.to_string()).collect();
+        assert_eq!(names, vec!["r2"], "refuse: the stale region is not served");
+        assert!(!got[0].1[0].read_only);
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod api;
 pub mod client;
 pub mod config;
 pub mod consul;
+pub mod consul_filter;
 pub mod consul_json;
 pub mod dev_authority;
 pub mod dns;

@@ -5,7 +5,7 @@
 //!
 //! | requirement | metric |
 //! | --- | --- |
-//! | registration / renewal write rate | `shoal_authority_writes_total{op,result}`, `shoal_renewal_writes_total` (always 0: renewal is implicit in SWIM liveness) |
+//! | registration / renewal write rate | `shoal_authority_writes_total{op,result}`; renewals are not the agent's writes: a live node renews its instances' leases by answering SWIM probes, and the only renewal that reaches the authority (a `NodeUp` after the node was held down) is counted by the authority replica, `shoal_renewal_writes_total` / `shoal_leases_renewed_total` (`crates/shoal-authority-server/src/renewals.rs`) |
 //! | catalog write latency | `shoal_authority_rpc_seconds{op}` (histogram) |
 //! | READY count per service | `shoal_ready_endpoints{service}` |
 //! | state flapping | `shoal_lifecycle_transitions_total{to}`, `shoal_health_flaps_total` |
@@ -156,6 +156,5 @@ pub fn export_counters(mesh: &Mesh<Keyring>, transport: &TransportCounters) {
     counter!("shoal_transport_dropped_total", "why" => "queue").absolute(t.queue_overflow);
     counter!("shoal_transport_dropped_total", "why" => "inbound").absolute(t.inbound_dropped);
     gauge!("shoal_transport_connections").set(t.connections_open as f64);
-    counter!("shoal_renewal_writes_total").absolute(0);
     crate::metrics_describe::record_process();
 }

@@ -1,6 +1,8 @@
 //! HELP and TYPE of every metric the agent emits (`metrics::describe_*`), zero values for the
 //! metrics REQUIREMENTS.md names (so they exist from the first scrape, before their first
-//! event), `shoal_build_info`, and the standard `process_*` metrics read from `/proc/self`.
+//! event; the list, per process, is `tests/callers/required_metrics.txt`, and the tests below
+//! fail when one is missing), `shoal_build_info`, and the standard `process_*` metrics read
+//! from `/proc/self`.
 //!
 //! `promtool check metrics` runs on a real scrape in CI (`tests/callers/run.sh`). A metric added
 //! elsewhere without a line here shows up there without HELP and fails that check.
@@ -40,7 +42,6 @@ const COUNTERS: &[(&str, &str)] = &[
     ("shoal_push_pull_lists_total", "Membership push-pull lists, by outcome (sent, limited)."),
     ("shoal_reconnects_total", "Reconnects, by what (mesh, rejoin, authority, join_attempt)."),
     ("shoal_rejected_inputs_total", "Inputs rejected, by source and reason; nothing of them is applied."),
-    ("shoal_renewal_writes_total", "Lease renewal writes sent to the authority; always 0: liveness comes from SWIM, not renewals."),
     ("shoal_requests_to_removed_endpoints_total", "Failure or success reports about endpoints no longer routable or unknown here."),
     ("shoal_revision_gaps_total", "Revision gaps detected in an origin's sequence."),
     ("shoal_snapshot_load_refused_total", "Persisted snapshots refused at boot (torn, truncated or failing checksum)."),
@@ -76,7 +77,7 @@ const GAUGES: &[(&str, &str)] = &[
     ("shoal_api_connections", "Open local API connections."),
     (
         "shoal_authority_contact_age_seconds",
-        "Seconds since the last answer of the region authority.",
+        "Seconds since the last answer of the region authority (+Inf until the first answer).",
     ),
     (
         "shoal_catalog_entries",
@@ -92,7 +93,7 @@ const GAUGES: &[(&str, &str)] = &[
     ),
     (
         "shoal_snapshot_age_seconds",
-        "Age of the data served: 0 while peers are connected.",
+        "Age of the data served, seconds: since the last peer contact, else the persisted snapshot's age, else since start (+Inf before the first update).",
     ),
     (
         "shoal_tls_cert_expiry_seconds",
@@ -148,15 +149,11 @@ const HISTOGRAMS: &[(&str, &str)] = &[
 
 /// Counters REQUIREMENTS.md names, with the label sets registered at zero.
 const REQUIRED_ZERO: &[(&str, &[(&str, &str)])] = &[
-    ("shoal_renewal_writes_total", &[]),
     ("shoal_health_flaps_total", &[]),
     ("shoal_revision_gaps_total", &[]),
     ("shoal_full_snapshot_fallbacks_total", &[]),
     ("shoal_requests_to_removed_endpoints_total", &[]),
     ("shoal_stale_endpoint_failures_total", &[]),
-    // Per-service series appear with each service's `shoal_ready_endpoints` (driver); this
-    // unlabelled one stays 0 so the family exists before any service does.
-    ("shoal_no_backend_total", &[]),
     ("shoal_reconnects_total", &[("what", "mesh")]),
     ("shoal_reconnects_total", &[("what", "authority")]),
     (
@@ -195,6 +192,10 @@ pub fn describe_all() {
             .collect();
         counter!(*name, labels).increment(0);
     }
+    // Ages before their first measurement: unknown, so +Inf (an alert on "older than N s"
+    // fires, where an absent series would keep it silent). The driver overwrites them.
+    gauge!("shoal_snapshot_age_seconds").set(f64::INFINITY);
+    gauge!("shoal_authority_contact_age_seconds").set(f64::INFINITY);
     gauge!("shoal_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     record_process();
 }
@@ -239,4 +240,70 @@ fn boot_time() -> Option<f64> {
     s.lines()
         .find_map(|l| l.strip_prefix("btime "))
         .and_then(|v| v.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use metrics_exporter_prometheus::PrometheusBuilder;
+
+    /// `tests/callers/required_metrics.txt`: (process, metric, scope) per line.
+    pub(crate) fn required() -> Vec<(&'static str, &'static str, &'static str)> {
+        include_str!("../../../tests/callers/required_metrics.txt")
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .map(|l| {
+                let mut f = l.split_whitespace();
+                (f.next().unwrap(), f.next().unwrap(), f.next().unwrap())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_required_agent_metric_has_help_type_and_a_series_before_any_event() {
+        // Buckets as the real recorders set them (without, histograms render as summaries).
+        let recorder = PrometheusBuilder::new()
+            .set_buckets(&[0.001, 0.1, 1.0])
+            .unwrap()
+            .build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, super::describe_all);
+        let text = handle.render();
+        let wanted: Vec<_> = required()
+            .into_iter()
+            .filter(|(p, _, scope)| *p == "agent" && *scope == "always")
+            .collect();
+        assert!(wanted.len() >= 10, "the list was read: {wanted:?}");
+        for (_, name, _) in wanted {
+            assert!(
+                text.contains(&format!("# HELP {name} ")),
+                "{name}: no HELP line in\n{text}"
+            );
+            assert!(
+                text.contains(&format!("# TYPE {name} ")),
+                "{name}: no TYPE line"
+            );
+            let series = text
+                .lines()
+                .any(|l| !l.starts_with('#') && l.starts_with(name));
+            assert!(series, "{name}: no series");
+        }
+    }
+
+    #[test]
+    fn per_service_families_are_described_and_have_no_unlabelled_series() {
+        // The per-service families have a HELP text waiting for their first series.
+        for (p, name, scope) in required() {
+            if p == "agent" && scope == "per_service" {
+                let described = super::COUNTERS
+                    .iter()
+                    .chain(super::GAUGES)
+                    .any(|(n, _)| *n == name);
+                assert!(described, "{name} has no HELP text");
+                assert!(
+                    !super::REQUIRED_ZERO.iter().any(|(n, _)| *n == name),
+                    "{name} is per service: no unlabelled zero series"
+                );
+            }
+        }
+    }
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use shoal_xds::{Ads, Endpoint, Locality, NoFailover, View};
+use shoal_xds::{Ads, Endpoint, EndpointHealth, FailoverRegion, Locality, View};
 use tokio::sync::watch;
 
 use crate::state::{Shared, ViewLiveness};
@@ -18,8 +18,12 @@ use crate::state::{Shared, ViewLiveness};
 /// Longest a view stays unrebuilt without an index change, ms (ejection expiry).
 pub const REFRESH_MS: u64 = 1_000;
 
-/// The xDS view of everything the agent holds right now.
+/// The xDS view of everything the agent holds right now: its region's catalog, plus, for each
+/// service whose global policy allows failover, the policy's regions in order with the
+/// endpoints of their held summaries (`shoal-xds` serves them only while the region has no
+/// healthy endpoint; docs/api/xds.md).
 pub fn build_view(shared: &Shared) -> View {
+    let remote = shared.failover.xds_regions();
     let now = shared.now_ms();
     let version = shared.view_index();
     let mesh = shared.mesh.read().expect("mesh lock");
@@ -30,7 +34,7 @@ pub fn build_view(shared: &Shared) -> View {
         now_ms: now,
     };
     let catalog = mesh.catalog();
-    let services = catalog
+    let mut services: std::collections::BTreeMap<_, Vec<Endpoint>> = catalog
         .service_keys()
         .map(|k| {
             let eps = catalog
@@ -42,7 +46,44 @@ pub fn build_view(shared: &Shared) -> View {
             (k.clone(), eps)
         })
         .collect();
-    View { version, services }
+    drop(ej);
+    drop(mesh);
+    let mut failover = std::collections::BTreeMap::new();
+    for (key, regions) in remote {
+        let eps = services.entry(key.clone()).or_default();
+        for r in &regions {
+            eps.extend(r.endpoints.iter().map(|e| remote_endpoint(&r.region, e)));
+        }
+        let served = regions
+            .into_iter()
+            .map(|r| FailoverRegion {
+                region: r.region,
+                read_only: r.read_only,
+                degraded: r.degraded,
+            })
+            .collect();
+        failover.insert(key, served);
+    }
+    View {
+        version,
+        services,
+        failover,
+    }
+}
+
+/// A remote summary's endpoint as served: routable in its region when the summary was built.
+fn remote_endpoint(
+    region: &shoal_proto::Region,
+    e: &shoal_proto::summary::SummaryEndpoint,
+) -> Endpoint {
+    Endpoint {
+        instance: e.instance.to_string(),
+        address: e.endpoint.address,
+        region: region.clone(),
+        zone: e.endpoint.zone.clone(),
+        weight: e.endpoint.weight.max(1),
+        health: EndpointHealth::Healthy,
+    }
 }
 
 /// Binds the xDS port and starts the server and the view publisher, when enabled.
@@ -65,8 +106,7 @@ pub async fn spawn(shared: Arc<Shared>) -> anyhow::Result<Vec<tokio::task::JoinH
         region: shared.cfg.region.clone(),
         zone: shared.cfg.zone.clone(),
     };
-    // Cross-region failover by policy plugs in here (a FailoverPolicy); none yet.
-    let ads = Ads::new(rx, local, Arc::new(NoFailover), cfg.max_streams);
+    let ads = Ads::new(rx, local, cfg.max_streams);
     tracing::info!(addr = %listener.local_addr()?, "xDS (ADS) listening");
     let server = tokio::spawn(async move {
         if let Err(e) = shoal_xds::serve(listener, ads, std::future::pending()).await {

@@ -28,6 +28,7 @@ pub mod metrics_describe;
 pub mod network;
 pub mod policy_cli;
 pub mod regions;
+pub mod renewals;
 pub mod server;
 pub mod storage;
 pub mod types;

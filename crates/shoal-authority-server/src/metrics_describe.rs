@@ -65,7 +65,15 @@ const COUNTERS: &[(&str, &str)] = &[
     ),
     (
         "shoal_authority_writes_total",
-        "Writes proposed to Raft, by outcome.",
+        "Agent and operator writes (registrations, transitions, ...) proposed to Raft, by outcome.",
+    ),
+    (
+        "shoal_renewal_writes_total",
+        "Lease renewal writes committed by this leader: NodeUp entries for a node held down and seen alive again (crate::renewals).",
+    ),
+    (
+        "shoal_leases_renewed_total",
+        "Live records whose lease the committed NodeUp entries renewed (one entry renews every lease of its node).",
     ),
     (
         "shoal_cross_region_bytes_total",
@@ -132,7 +140,8 @@ const HISTOGRAMS: &[(&str, &str)] = &[(
     "Time from proposing a write to its commit and apply, seconds.",
 )];
 
-/// Describes every metric. Call once after the recorder is installed.
+/// Describes every metric and registers the required ones at zero. Call once after the
+/// recorder is installed.
 pub fn describe_all() {
     for (name, help) in COUNTERS {
         describe_counter!(*name, *help);
@@ -147,10 +156,49 @@ pub fn describe_all() {
     }
     for (name, help) in HISTOGRAMS {
         describe_histogram!(*name, Unit::Seconds, *help);
+        // A registered histogram renders (empty buckets) before its first observation.
+        let _ = metrics::histogram!(*name);
     }
+    // The required counters (tests/callers/required_metrics.txt) exist from the first scrape.
+    metrics::counter!("shoal_authority_writes_total", "outcome" => "committed").increment(0);
+    crate::renewals::register_zero();
     metrics::gauge!("shoal_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     describe_gauge!(
         "shoal_build_info",
         "Always 1; the version label names the running build."
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use metrics_exporter_prometheus::PrometheusBuilder;
+
+    #[test]
+    fn every_required_authority_metric_has_help_type_and_a_series_before_any_event() {
+        // Buckets as the real recorders set them (without, histograms render as summaries).
+        let recorder = PrometheusBuilder::new()
+            .set_buckets(&[0.001, 0.1, 1.0])
+            .unwrap()
+            .build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, super::describe_all);
+        let text = handle.render();
+        let wanted: Vec<&str> = include_str!("../../../tests/callers/required_metrics.txt")
+            .lines()
+            .filter(|l| l.starts_with("authority "))
+            .filter_map(|l| l.split_whitespace().nth(1))
+            .collect();
+        assert!(wanted.len() >= 4, "the list was read: {wanted:?}");
+        for name in wanted {
+            assert!(
+                text.contains(&format!("# HELP {name} ")),
+                "{name}: no HELP line in\n{text}"
+            );
+            assert!(text.contains(&format!("# TYPE {name} ")), "{name}: no TYPE");
+            let series = text
+                .lines()
+                .any(|l| !l.starts_with('#') && l.starts_with(name));
+            assert!(series, "{name}: no series");
+        }
+    }
 }

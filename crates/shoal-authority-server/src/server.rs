@@ -933,15 +933,21 @@ impl Replica {
         let this = self.clone();
         tokio::spawn(async move {
             for cmd in plan {
-                let kind = match &cmd {
-                    AuthorityCommand::NodeDown { .. } => "node_down",
-                    _ => "node_up",
+                let (kind, up) = match &cmd {
+                    AuthorityCommand::NodeDown { .. } => ("node_down", None),
+                    AuthorityCommand::NodeUp { node } => ("node_up", Some(node.clone())),
+                    _ => ("other", None),
                 };
                 let desc = format!("{cmd:?}");
                 match this.write(cmd, None).await {
                     Ok(_) => {
                         counter!("shoal_authority_liveness_proposals_total", "kind" => kind)
                             .increment(1);
+                        if let Some(node) = up {
+                            let leases =
+                                this.sm.with_state(|s| crate::renewals::leases_of(s, &node));
+                            crate::renewals::record_node_up(leases);
+                        }
                         tracing::info!(command = %desc, "liveness committed");
                     }
                     Err(e) => {

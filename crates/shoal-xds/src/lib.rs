@@ -9,19 +9,19 @@
 //! | Listener | an `api_listener` with an `HttpConnectionManager` taking routes from RDS over ADS |
 //! | RouteConfiguration | one virtual host, default route to the cluster |
 //! | Cluster | type EDS, endpoints over ADS, round robin |
-//! | ClusterLoadAssignment | endpoints by locality: caller's zone priority 0, rest of the region 1, policy failover regions after; only routable endpoints `HEALTHY`, DRAINING ones `DRAINING` |
+//! | ClusterLoadAssignment | endpoints by locality: caller's zone priority 0, rest of the region 1, then, while the region has no healthy endpoint, the policy's failover regions in order (read-only / degraded in `filter_metadata["shoal"]`); only routable endpoints `HEALTHY`, DRAINING ones `DRAINING` |
 //!
-//! Modules: [`model`] (the input [`View`], resource naming, the failover hook), [`resources`]
+//! Modules: [`model`] (the input [`View`] with its policy failover regions, resource naming), [`resources`]
 //! (protobuf resources from a view), [`stream`] (one ADS stream's protocol rules without IO:
 //! versions, nonces, ACK/NACK), [`server`] (the tonic service and `[xds]` config), [`metrics`].
 //!
 //! ```
 //! use std::sync::Arc;
-//! use shoal_xds::{Ads, Locality, NoFailover, View};
+//! use shoal_xds::{Ads, Locality, View};
 //!
 //! let local = Locality { region: "eu".parse().unwrap(), zone: "eu-a".parse().unwrap() };
 //! let (views, rx) = tokio::sync::watch::channel(Arc::new(View::default()));
-//! let ads = Ads::new(rx, local, Arc::new(NoFailover), 16);
+//! let ads = Ads::new(rx, local, 16);
 //! // tonic::transport::Server::builder().add_service(ads.into_service()) ...; then publish:
 //! views.send_replace(Arc::new(View { version: 2, ..View::default() }));
 //! # drop(ads);
@@ -37,7 +37,6 @@ pub mod server;
 pub mod stream;
 
 pub use model::{
-    parse_resource_name, resource_name, Endpoint, EndpointHealth, FailoverPolicy, Locality,
-    NoFailover, View,
+    parse_resource_name, resource_name, Endpoint, EndpointHealth, FailoverRegion, Locality, View,
 };
 pub use server::{serve, Ads, XdsConfig, XdsConfigError};

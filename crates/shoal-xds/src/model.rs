@@ -112,15 +112,42 @@ pub struct View {
     /// grows while the agent runs (it restarts with the agent, and so does every stream).
     pub version: u64,
     /// Endpoints per service key, in key order; tombstones (EXPIRED) left out. A key with no
-    /// endpoint left is still served, as an empty assignment.
+    /// endpoint left is still served, as an empty assignment. Endpoints of other regions are
+    /// the routable ones of the remote summaries the agent holds for the failover regions of
+    /// [`View::failover`] (always [`EndpointHealth::Healthy`]); they are served only as that
+    /// says.
     pub services: BTreeMap<ServiceKey, Vec<Endpoint>>,
+    /// Per service, the failover regions its policy allows, in policy order. A service
+    /// without an entry never leaves the caller's region.
+    pub failover: BTreeMap<ServiceKey, Vec<FailoverRegion>>,
 }
 
 impl View {
     /// True when both views serve the same resources (the version is ignored).
     pub fn same_resources(&self, other: &View) -> bool {
-        self.services == other.services
+        self.services == other.services && self.failover == other.failover
     }
+
+    /// The failover regions of `key`, in policy order (empty: none).
+    pub fn failover_of(&self, key: &ServiceKey) -> &[FailoverRegion] {
+        self.failover.get(key).map_or(&[], Vec::as_slice)
+    }
+}
+
+/// One failover region of a service's policy (docs/adr/0013-global-policy-and-failover.md),
+/// as the xDS assignment serves it. Its endpoints are served at the priorities after the
+/// caller's region, and only while that region has no healthy endpoint of the service (the
+/// rule of a local pick; cross-region routing happens only by explicit policy, REQUIREMENTS).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailoverRegion {
+    /// The region.
+    pub region: Region,
+    /// The policy allows read-only failover only: served in the endpoints' metadata
+    /// (`filter_metadata["shoal"].read_only`), since xDS has no write intent to refuse.
+    pub read_only: bool,
+    /// The region's summary is past the policy's `max_snapshot_age_s` and the policy says
+    /// `degrade` (with `refuse` the region is left out): served as `degraded` in the metadata.
+    pub degraded: bool,
 }
 
 /// Where the caller is: picks priority 0 (its zone) and 1 (the rest of its region).
@@ -131,25 +158,6 @@ pub struct Locality {
     /// The caller's zone: the `node.locality.zone` of the caller's bootstrap when it names a
     /// valid zone, else the agent's zone (a caller runs next to its agent).
     pub zone: Zone,
-}
-
-/// The hook for cross-region failover by policy: which other regions a service may fail over
-/// to, in order. Their endpoints are served at priorities after the caller's region (the
-/// first failover region next, and so on); endpoints of any other region are not served at all
-/// (cross-region routing happens only by explicit policy, REQUIREMENTS).
-pub trait FailoverPolicy: Send + Sync + 'static {
-    /// Failover regions of `key`, best first. The caller's own region is ignored if listed.
-    fn failover_regions(&self, key: &ServiceKey) -> Vec<Region>;
-}
-
-/// No failover: only the caller's region is served.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NoFailover;
-
-impl FailoverPolicy for NoFailover {
-    fn failover_regions(&self, _: &ServiceKey) -> Vec<Region> {
-        Vec::new()
-    }
 }
 
 #[cfg(test)]

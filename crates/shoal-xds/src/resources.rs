@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 
 use envoy_types::pb::envoy::config::cluster::v3::{cluster, Cluster};
+use envoy_types::pb::envoy::config::core::v3::Metadata;
 use envoy_types::pb::envoy::config::core::v3::{
     address, config_source, socket_address, Address, AggregatedConfigSource, ApiVersion,
     ConfigSource, HealthStatus, Locality as PbLocality, SocketAddress,
@@ -27,12 +28,12 @@ use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     http_connection_manager, http_filter, HttpConnectionManager, HttpFilter, Rds,
 };
-use envoy_types::pb::google::protobuf::{Any, Duration, UInt32Value};
+use envoy_types::pb::google::protobuf::{value, Any, Duration, Struct, UInt32Value, Value};
 use envoy_types::util::pack_any;
 use prost::Name;
 use shoal_proto::{Region, ServiceKey, Zone};
 
-use crate::model::{resource_name, Endpoint, EndpointHealth, FailoverPolicy, Locality, View};
+use crate::model::{resource_name, Endpoint, EndpointHealth, FailoverRegion, Locality, View};
 
 /// The resource types served, by their type URL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -174,15 +175,39 @@ pub fn cluster(key: &ServiceKey) -> Cluster {
 
 /// Locality tier of an endpoint for a caller: 0 the caller's zone, 1 the rest of its region,
 /// `2 + i` the `i`-th failover region; `None`: not served (another region, not a failover).
-fn tier(ep: &Endpoint, caller: &Locality, failover: &[Region]) -> Option<usize> {
+fn tier(ep: &Endpoint, caller: &Locality, failover: &[&FailoverRegion]) -> Option<usize> {
     if ep.region == caller.region {
         return Some(if ep.zone == caller.zone { 0 } else { 1 });
     }
     failover
         .iter()
-        .filter(|r| **r != caller.region)
-        .position(|r| *r == ep.region)
+        .position(|f| f.region == ep.region)
         .map(|i| 2 + i)
+}
+
+/// Key of the endpoint metadata shoal serves (`filter_metadata["shoal"]`).
+pub const METADATA_KEY: &str = "shoal";
+
+/// `filter_metadata["shoal"]` of a failover endpoint or locality: `tier`
+/// (`failover:<region>`, as a pick names it), `read_only` and `degraded` (booleans).
+fn failover_metadata(f: &FailoverRegion) -> Metadata {
+    let field = |k: &str, v: value::Kind| (k.to_string(), Value { kind: Some(v) });
+    let fields = [
+        field(
+            "tier",
+            value::Kind::StringValue(format!("failover:{}", f.region)),
+        ),
+        field("read_only", value::Kind::BoolValue(f.read_only)),
+        field("degraded", value::Kind::BoolValue(f.degraded)),
+    ]
+    .into_iter()
+    .collect();
+    Metadata {
+        filter_metadata: [(METADATA_KEY.to_string(), Struct { fields })]
+            .into_iter()
+            .collect(),
+        ..Default::default()
+    }
 }
 
 fn health_status(h: EndpointHealth) -> HealthStatus {
@@ -193,8 +218,9 @@ fn health_status(h: EndpointHealth) -> HealthStatus {
     }
 }
 
-fn lb_endpoint(ep: &Endpoint) -> LbEndpoint {
+fn lb_endpoint(ep: &Endpoint, failover: Option<&FailoverRegion>) -> LbEndpoint {
     LbEndpoint {
+        metadata: failover.map(failover_metadata),
         health_status: health_status(ep.health) as i32,
         load_balancing_weight: Some(UInt32Value { value: ep.weight }),
         host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(PbEndpoint {
@@ -210,7 +236,6 @@ fn lb_endpoint(ep: &Endpoint) -> LbEndpoint {
             hostname: ep.instance.clone(),
             ..Default::default()
         })),
-        ..Default::default()
     }
 }
 
@@ -223,13 +248,31 @@ fn lb_endpoint(ep: &Endpoint) -> LbEndpoint {
 /// the rest of the region is priority 0). A locality's `load_balancing_weight` is the sum of its
 /// healthy endpoints' weights, at least 1 (gRPC drops localities without a weight). Every
 /// endpoint is listed with its health: only `HEALTHY` ones take traffic.
+///
+/// `failover` is the service's policy (its regions in order, [`View::failover`]); endpoints
+/// of a region it does not list are never served. The failover regions are served only while
+/// the caller's region has no healthy endpoint, as a local pick fails over only then: with
+/// them always present, Envoy's priority spill-over (overprovisioning factor 1.4) would send a
+/// share of the traffic across regions as soon as the region is below ~71 % healthy.
+/// Failover endpoints and localities carry `filter_metadata["shoal"]` = `{tier, read_only,
+/// degraded}`; xDS has no write intent, so a writer must honour `read_only` itself.
 pub fn load_assignment(
     key: &ServiceKey,
     endpoints: &[Endpoint],
     caller: &Locality,
-    failover: &dyn FailoverPolicy,
+    failover: &[FailoverRegion],
 ) -> ClusterLoadAssignment {
-    let regions = failover.failover_regions(key);
+    let region_healthy = endpoints
+        .iter()
+        .any(|e| e.region == caller.region && e.health == EndpointHealth::Healthy);
+    let regions: Vec<&FailoverRegion> = if region_healthy {
+        Vec::new()
+    } else {
+        failover
+            .iter()
+            .filter(|f| f.region != caller.region)
+            .collect()
+    };
     let mut groups: BTreeMap<(usize, Region, Zone), Vec<&Endpoint>> = BTreeMap::new();
     for ep in endpoints {
         if let Some(t) = tier(ep, caller, &regions) {
@@ -247,6 +290,7 @@ pub fn load_assignment(
             priority += 1;
         }
         last_tier = Some(t);
+        let policy = t.checked_sub(2).map(|i| regions[i]);
         eps.sort_by(|a, b| a.instance.cmp(&b.instance));
         let healthy_weight: u64 = eps
             .iter()
@@ -259,11 +303,12 @@ pub fn load_assignment(
                 zone: zone.to_string(),
                 sub_zone: String::new(),
             }),
-            lb_endpoints: eps.into_iter().map(lb_endpoint).collect(),
+            lb_endpoints: eps.into_iter().map(|e| lb_endpoint(e, policy)).collect(),
             load_balancing_weight: Some(UInt32Value {
                 value: u32::try_from(healthy_weight.max(1)).unwrap_or(u32::MAX),
             }),
             priority,
+            metadata: policy.map(failover_metadata),
             ..Default::default()
         });
     }
@@ -282,7 +327,6 @@ pub fn build(
     view: &View,
     names: Option<&std::collections::BTreeSet<String>>,
     caller: &Locality,
-    failover: &dyn FailoverPolicy,
 ) -> Vec<(String, Any)> {
     let wanted = |n: &str| names.is_none_or(|set| set.contains(n));
     let mut out: Vec<(String, Any)> = view
@@ -295,7 +339,9 @@ pub fn build(
                 ResourceType::Listener => pack_any(listener(key)),
                 ResourceType::Route => pack_any(route_configuration(key)),
                 ResourceType::Cluster => pack_any(cluster(key)),
-                ResourceType::Endpoint => pack_any(load_assignment(key, eps, caller, failover)),
+                ResourceType::Endpoint => {
+                    pack_any(load_assignment(key, eps, caller, view.failover_of(key)))
+                }
             };
             (name, any)
         })
@@ -307,7 +353,6 @@ pub fn build(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::NoFailover;
 
     fn ep(instance: &str, region: &str, zone: &str, health: EndpointHealth) -> Endpoint {
         Endpoint {
@@ -327,10 +372,11 @@ mod tests {
         }
     }
 
-    struct To(&'static str);
-    impl FailoverPolicy for To {
-        fn failover_regions(&self, _: &ServiceKey) -> Vec<Region> {
-            vec![Region::new(self.0).unwrap()]
+    fn to(region: &str, read_only: bool) -> FailoverRegion {
+        FailoverRegion {
+            region: Region::new(region).unwrap(),
+            read_only,
+            degraded: false,
         }
     }
 
@@ -373,7 +419,7 @@ mod tests {
             ep("a-3", "eu", "eu-a", Unhealthy),
             ep("us-1", "us", "us-a", Healthy),
         ];
-        let cla = load_assignment(&key, &eps, &caller(), &NoFailover);
+        let cla = load_assignment(&key, &eps, &caller(), &[]);
         assert_eq!(cla.cluster_name, "web.grpc.prod");
         let (h, d, u) = (
             HealthStatus::Healthy as i32,
@@ -403,7 +449,7 @@ mod tests {
             ep("b-1", "eu", "eu-b", Draining),
             ep("us-1", "us", "us-a", Healthy),
         ];
-        let cla = load_assignment(&key, &eps, &caller(), &To("us"));
+        let cla = load_assignment(&key, &eps, &caller(), &[to("us", false)]);
         let got: Vec<(u32, String, u32)> = summary(&cla)
             .into_iter()
             .map(|(p, z, _, w)| (p, z, w))
@@ -413,6 +459,82 @@ mod tests {
         assert_eq!(
             got,
             vec![(0, "eu-b".to_string(), 1), (1, "us-a".to_string(), 100)]
+        );
+    }
+
+    /// (priority, region, `filter_metadata["shoal"]` as (tier, read_only, degraded)) of a locality.
+    type Tiered = (u32, String, Option<(String, bool, bool)>);
+
+    fn tiers(cla: &ClusterLoadAssignment) -> Vec<Tiered> {
+        cla.endpoints
+            .iter()
+            .map(|l| {
+                let meta = |m: &Option<Metadata>| {
+                    let f = &m.as_ref()?.filter_metadata.get(METADATA_KEY)?.fields;
+                    let s = |k: &str| match f.get(k)?.kind.as_ref()? {
+                        value::Kind::StringValue(v) => Some(v.clone()),
+                        _ => None,
+                    };
+                    let b = |k: &str| match f.get(k)?.kind.as_ref()? {
+                        value::Kind::BoolValue(v) => Some(*v),
+                        _ => None,
+                    };
+                    Some((s("tier")?, b("read_only")?, b("degraded")?))
+                };
+                let m = meta(&l.metadata);
+                for e in &l.lb_endpoints {
+                    assert_eq!(
+                        meta(&e.metadata),
+                        m,
+                        "endpoint metadata = locality metadata"
+                    );
+                }
+                (l.priority, l.locality.clone().unwrap().region, m)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn failover_regions_follow_the_policy_order_only_while_the_region_has_no_healthy_endpoint() {
+        use EndpointHealth::*;
+        let key: ServiceKey = "prod/web/grpc".parse().unwrap();
+        let policy = [to("us", false), to("ap", true)];
+        let mut eps = vec![
+            ep("a-1", "eu", "eu-a", Draining),
+            ep("b-1", "eu", "eu-b", Healthy),
+            ep("ap-1", "ap", "ap-a", Healthy),
+            ep("us-1", "us", "us-a", Healthy),
+            ep("sa-1", "sa", "sa-a", Healthy),
+        ];
+        let cla = load_assignment(&key, &eps, &caller(), &policy);
+        assert_eq!(
+            tiers(&cla),
+            vec![(0, "eu".into(), None), (1, "eu".into(), None)],
+            "a region with a healthy endpoint never fails over"
+        );
+        eps[1].health = Unhealthy;
+        let cla = load_assignment(&key, &eps, &caller(), &policy);
+        assert_eq!(
+            tiers(&cla),
+            vec![
+                (0, "eu".into(), None),
+                (1, "eu".into(), None),
+                (2, "us".into(), Some(("failover:us".into(), false, false))),
+                (3, "ap".into(), Some(("failover:ap".into(), true, false))),
+            ],
+            "zone, region, then the policy's regions in order; sa has no policy"
+        );
+        let cla = load_assignment(&key, &eps, &caller(), &[]);
+        assert_eq!(tiers(&cla).len(), 2, "no policy: the region only");
+        let degraded = [FailoverRegion {
+            degraded: true,
+            ..to("ap", true)
+        }];
+        let cla = load_assignment(&key, &eps[2..], &caller(), &degraded);
+        assert_eq!(
+            tiers(&cla),
+            vec![(0, "ap".into(), Some(("failover:ap".into(), true, true)))],
+            "an unknown region has no healthy endpoint either; priorities stay compacted"
         );
     }
 

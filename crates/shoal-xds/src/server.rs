@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, watch, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::model::{FailoverPolicy, Locality, View};
+use crate::model::{Locality, View};
 use crate::stream::{AdsStream, RequestKind};
 
 /// Default address of the xDS server: loopback, port 18000 (the port Envoy's and gRPC's xDS
@@ -106,7 +106,6 @@ impl XdsConfig {
 pub struct Ads {
     views: watch::Receiver<Arc<View>>,
     local: Locality,
-    failover: Arc<dyn FailoverPolicy>,
     streams: Arc<Semaphore>,
 }
 
@@ -117,18 +116,13 @@ impl std::fmt::Debug for Ads {
 }
 
 impl Ads {
-    /// A service serving the views published on `views` to callers next to an agent at `local`.
-    pub fn new(
-        views: watch::Receiver<Arc<View>>,
-        local: Locality,
-        failover: Arc<dyn FailoverPolicy>,
-        max_streams: usize,
-    ) -> Self {
+    /// A service serving the views published on `views` to callers next to an agent at `local`
+    /// (failover regions by policy come with each view: [`View::failover`]).
+    pub fn new(views: watch::Receiver<Arc<View>>, local: Locality, max_streams: usize) -> Self {
         crate::metrics::describe();
         Self {
             views,
             local,
-            failover,
             streams: Arc::new(Semaphore::new(max_streams.max(1))),
         }
     }
@@ -176,7 +170,6 @@ impl AggregatedDiscoveryService for Ads {
         let task = StreamTask {
             stream: AdsStream::new(self.local.clone()),
             views: self.views.clone(),
-            failover: self.failover.clone(),
             tx,
             peer,
         };
@@ -201,7 +194,6 @@ impl AggregatedDiscoveryService for Ads {
 struct StreamTask {
     stream: AdsStream,
     views: watch::Receiver<Arc<View>>,
-    failover: Arc<dyn FailoverPolicy>,
     tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
     peer: Option<SocketAddr>,
 }
@@ -231,7 +223,7 @@ impl StreamTask {
                         return; // the agent is stopping
                     }
                     let view = self.views.borrow_and_update().clone();
-                    for resp in self.stream.handle_view(&view, self.failover.as_ref()) {
+                    for resp in self.stream.handle_view(&view) {
                         if !self.send(resp).await {
                             return;
                         }
@@ -248,10 +240,7 @@ impl StreamTask {
         view: &View,
         refused_logged: &mut bool,
     ) -> bool {
-        match self
-            .stream
-            .handle_request(req, view, self.failover.as_ref())
-        {
+        match self.stream.handle_request(req, view) {
             Ok(out) => {
                 crate::metrics::request(out.ty, &out.kind);
                 if let RequestKind::Nack { message } = &out.kind {

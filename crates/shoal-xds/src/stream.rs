@@ -27,7 +27,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, Discovery
 use envoy_types::pb::google::protobuf::Any;
 use shoal_proto::Zone;
 
-use crate::model::{FailoverPolicy, Locality, View};
+use crate::model::{Locality, View};
 use crate::resources::{build, ResourceType};
 
 /// Most resource names one subscription may hold; a request naming more is refused.
@@ -158,7 +158,6 @@ impl AdsStream {
         &mut self,
         req: &DiscoveryRequest,
         view: &View,
-        failover: &dyn FailoverPolicy,
     ) -> Result<RequestOutcome, RequestError> {
         let ty = ResourceType::from_type_url(&req.type_url)
             .ok_or_else(|| RequestError::UnknownType(req.type_url.chars().take(200).collect()))?;
@@ -197,7 +196,7 @@ impl AdsStream {
         let changed = sub.names != names;
         sub.names = names;
         let must_answer = kind == RequestKind::Subscribe || changed;
-        let response = must_answer.then(|| self.respond(ty, view, failover, true));
+        let response = must_answer.then(|| self.respond(ty, view, true));
         Ok(RequestOutcome {
             ty,
             kind,
@@ -207,15 +206,11 @@ impl AdsStream {
 
     /// Feeds a new view: the responses for every subscribed type whose resources changed.
     #[must_use = "the responses must be sent"]
-    pub fn handle_view(
-        &mut self,
-        view: &View,
-        failover: &dyn FailoverPolicy,
-    ) -> Vec<DiscoveryResponse> {
+    pub fn handle_view(&mut self, view: &View) -> Vec<DiscoveryResponse> {
         let types: Vec<ResourceType> = self.subs.keys().copied().collect();
         types
             .into_iter()
-            .filter_map(|ty| self.respond(ty, view, failover, false))
+            .filter_map(|ty| self.respond(ty, view, false))
             .collect()
     }
 
@@ -225,12 +220,11 @@ impl AdsStream {
         &mut self,
         ty: ResourceType,
         view: &View,
-        failover: &dyn FailoverPolicy,
         always: bool,
     ) -> Option<DiscoveryResponse> {
         let caller = self.caller.clone();
         let sub = self.subs.get_mut(&ty)?;
-        let resources = build(ty, view, sub.names.as_ref(), &caller, failover);
+        let resources = build(ty, view, sub.names.as_ref(), &caller);
         let unchanged = sub.last.as_ref().is_some_and(|l| l.resources == resources);
         if unchanged && !always {
             return None;

@@ -14,7 +14,7 @@ use envoy_types::pb::google::rpc::Status;
 use prost::Message;
 use shoal_proto::{Region, ServiceKey, Zone};
 use shoal_xds::resources::ResourceType;
-use shoal_xds::{Ads, Endpoint, EndpointHealth, Locality, NoFailover, View};
+use shoal_xds::{Ads, Endpoint, EndpointHealth, Locality, View};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
@@ -39,6 +39,7 @@ fn view(version: u64, healths: &[EndpointHealth]) -> Arc<View> {
     Arc::new(View {
         version,
         services: [(key, eps)].into_iter().collect(),
+        ..View::default()
     })
 }
 
@@ -79,7 +80,7 @@ async fn subscribe_ack_push_nack_over_grpc() {
         region: Region::new("eu").unwrap(),
         zone: Zone::new("eu-a").unwrap(),
     };
-    let ads = Ads::new(rx, local, Arc::new(NoFailover), 4);
+    let ads = Ads::new(rx, local, 4);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -145,6 +146,129 @@ async fn subscribe_ack_push_nack_over_grpc() {
         .await
         .expect_err("delta is not served");
     assert_eq!(delta.code(), tonic::Code::Unimplemented);
+
+    drop(req_tx);
+    stop_tx.send(()).unwrap();
+    tokio::time::timeout(WAIT, server)
+        .await
+        .expect("server stops")
+        .unwrap()
+        .unwrap();
+}
+
+/// (priority, region, hostnames, `filter_metadata["shoal"].read_only`) of a locality.
+type Served = (u32, String, Vec<String>, Option<bool>);
+
+fn localities(resp: &DiscoveryResponse) -> Vec<Served> {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    let cla = ClusterLoadAssignment::decode(resp.resources[0].value.as_slice()).unwrap();
+    cla.endpoints
+        .iter()
+        .map(|l| {
+            let hosts = l
+                .lb_endpoints
+                .iter()
+                .map(|e| match &e.host_identifier {
+                    Some(lb_endpoint::HostIdentifier::Endpoint(p)) => p.hostname.clone(),
+                    _ => panic!("endpoint without address"),
+                })
+                .collect();
+            let read_only = l
+                .metadata
+                .as_ref()
+                .and_then(|m| m.filter_metadata.get(shoal_xds::resources::METADATA_KEY))
+                .and_then(|s| s.fields.get("read_only"))
+                .and_then(|v| match v.kind {
+                    Some(Kind::BoolValue(b)) => Some(b),
+                    _ => None,
+                });
+            let region = l.locality.clone().unwrap().region;
+            (l.priority, region, hosts, read_only)
+        })
+        .collect()
+}
+
+/// The local region (eu) with one endpoint of `health`, plus the policy's failover regions
+/// us (writable) then ap (read-only) and an endpoint of sa, which no policy names.
+fn failover_view(version: u64, health: EndpointHealth) -> Arc<View> {
+    let key: ServiceKey = "prod/web/grpc".parse().unwrap();
+    let ep = |name: &str, region: &str, health| Endpoint {
+        instance: name.into(),
+        address: "127.0.0.1:9200".parse().unwrap(),
+        region: Region::new(region).unwrap(),
+        zone: Zone::new(format!("{region}-a")).unwrap(),
+        weight: 10,
+        health,
+    };
+    let eps = vec![
+        ep("eu-1", "eu", health),
+        ep("us-1", "us", EndpointHealth::Healthy),
+        ep("ap-1", "ap", EndpointHealth::Healthy),
+        ep("sa-1", "sa", EndpointHealth::Healthy),
+    ];
+    let region = |r: &str, read_only| shoal_xds::FailoverRegion {
+        region: Region::new(r).unwrap(),
+        read_only,
+        degraded: false,
+    };
+    Arc::new(View {
+        version,
+        services: [(key.clone(), eps)].into_iter().collect(),
+        failover: [(key, vec![region("us", false), region("ap", true)])]
+            .into_iter()
+            .collect(),
+    })
+}
+
+#[tokio::test]
+async fn policy_failover_regions_are_pushed_when_the_region_empties_and_withdrawn_after() {
+    let (views, rx) = tokio::sync::watch::channel(failover_view(1, EndpointHealth::Healthy));
+    let local = Locality {
+        region: Region::new("eu").unwrap(),
+        zone: Zone::new("eu-a").unwrap(),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(shoal_xds::serve(listener, Ads::new(rx, local, 4), async {
+        let _ = stop_rx.await;
+    }));
+    let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let (req_tx, req_rx) = mpsc::channel(8);
+    req_tx.send(eds_request("", "")).await.unwrap();
+    let mut responses = client
+        .stream_aggregated_resources(ReceiverStream::new(req_rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let r1 = next(&mut responses).await;
+    assert_eq!(
+        localities(&r1),
+        vec![(0, "eu".into(), vec!["eu-1".into()], None)],
+        "a healthy region: no failover served"
+    );
+    req_tx.send(eds_request("1", &r1.nonce)).await.unwrap();
+
+    // The region's only endpoint drains: zone 0, then us (1), then ap (2, read-only); never sa.
+    views.send_replace(failover_view(2, EndpointHealth::Draining));
+    let r2 = next(&mut responses).await;
+    assert_eq!(
+        localities(&r2),
+        vec![
+            (0, "eu".into(), vec!["eu-1".into()], None),
+            (1, "us".into(), vec!["us-1".into()], Some(false)),
+            (2, "ap".into(), vec!["ap-1".into()], Some(true)),
+        ]
+    );
+    req_tx.send(eds_request("2", &r2.nonce)).await.unwrap();
+
+    // Healthy again: the failover localities are withdrawn in the next push.
+    views.send_replace(failover_view(3, EndpointHealth::Healthy));
+    let r3 = next(&mut responses).await;
+    assert_eq!(r3.version_info, "3");
+    assert_eq!(localities(&r3), localities(&r1));
 
     drop(req_tx);
     stop_tx.send(()).unwrap();

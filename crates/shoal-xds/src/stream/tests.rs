@@ -7,7 +7,7 @@ use prost::Message;
 use shoal_proto::{Region, ServiceKey};
 
 use super::*;
-use crate::model::{Endpoint, EndpointHealth, NoFailover};
+use crate::model::{Endpoint, EndpointHealth};
 
 fn local() -> Locality {
     Locality {
@@ -34,6 +34,7 @@ fn view(version: u64, web: &[(&str, &str, EndpointHealth)]) -> View {
     View {
         version,
         services: [(key, eps), (other, vec![])].into_iter().collect(),
+        ..View::default()
     }
 }
 
@@ -74,7 +75,7 @@ fn subscribe_ack_then_a_drain_is_pushed_with_a_new_version_and_nonce() {
     let v1 = view(7, &[("a-1", "eu-a", Healthy), ("a-2", "eu-a", Healthy)]);
     let eds = ResourceType::Endpoint;
     let out = s
-        .handle_request(&req(eds, &["web.grpc.prod"], "", ""), &v1, &NoFailover)
+        .handle_request(&req(eds, &["web.grpc.prod"], "", ""), &v1)
         .unwrap();
     assert_eq!(out.kind, RequestKind::Subscribe);
     let r1 = out.response.expect("a subscription is answered");
@@ -87,7 +88,7 @@ fn subscribe_ack_then_a_drain_is_pushed_with_a_new_version_and_nonce() {
 
     // ACK: remembered, nothing sent.
     let ack = s
-        .handle_request(&req(eds, &["web.grpc.prod"], "7", "1"), &v1, &NoFailover)
+        .handle_request(&req(eds, &["web.grpc.prod"], "7", "1"), &v1)
         .unwrap();
     assert_eq!((ack.kind, ack.response), (RequestKind::Ack, None));
     assert_eq!(s.acked_version(eds), Some("7"));
@@ -97,11 +98,11 @@ fn subscribe_ack_then_a_drain_is_pushed_with_a_new_version_and_nonce() {
     v2.version = 8;
     v2.services
         .insert("prod/cache/tcp".parse().unwrap(), Vec::new());
-    assert!(s.handle_view(&v2, &NoFailover).is_empty());
+    assert!(s.handle_view(&v2).is_empty());
 
     // a-2 drains: pushed, new version and nonce, a-2 no longer HEALTHY.
     let v3 = view(9, &[("a-1", "eu-a", Healthy), ("a-2", "eu-a", Draining)]);
-    let pushed = s.handle_view(&v3, &NoFailover);
+    let pushed = s.handle_view(&v3);
     assert_eq!(pushed.len(), 1);
     assert_eq!(
         (pushed[0].version_info.as_str(), pushed[0].nonce.as_str()),
@@ -115,9 +116,7 @@ fn a_nack_is_reported_and_the_rejected_content_is_not_resent() {
     let mut s = AdsStream::new(local());
     let v1 = view(3, &[("a-1", "eu-a", Healthy)]);
     let cds = ResourceType::Cluster;
-    let r = s
-        .handle_request(&req(cds, &[], "", ""), &v1, &NoFailover)
-        .unwrap();
+    let r = s.handle_request(&req(cds, &[], "", ""), &v1).unwrap();
     let r = r.response.unwrap();
     assert_eq!(
         r.resources.len(),
@@ -130,7 +129,7 @@ fn a_nack_is_reported_and_the_rejected_content_is_not_resent() {
         message: "bad cluster".into(),
         details: vec![],
     });
-    let out = s.handle_request(&nack, &v1, &NoFailover).unwrap();
+    let out = s.handle_request(&nack, &v1).unwrap();
     assert_eq!(
         out.kind,
         RequestKind::Nack {
@@ -140,10 +139,10 @@ fn a_nack_is_reported_and_the_rejected_content_is_not_resent() {
     assert_eq!(out.response, None, "the same content is not sent again");
     assert_eq!(s.acked_version(cds), None);
     // The same view again: still nothing; a changed one: sent.
-    assert!(s.handle_view(&v1, &NoFailover).is_empty());
+    assert!(s.handle_view(&v1).is_empty());
     let mut v2 = view(4, &[]);
     v2.services.insert("prod/new/grpc".parse().unwrap(), vec![]);
-    assert_eq!(s.handle_view(&v2, &NoFailover).len(), 1);
+    assert_eq!(s.handle_view(&v2).len(), 1);
 }
 
 #[test]
@@ -152,18 +151,17 @@ fn stale_nonces_are_ignored_and_name_changes_are_answered() {
     let v = view(5, &[("a-1", "eu-a", Healthy)]);
     let lds = ResourceType::Listener;
     let r1 = s
-        .handle_request(&req(lds, &["web.grpc.prod"], "", ""), &v, &NoFailover)
+        .handle_request(&req(lds, &["web.grpc.prod"], "", ""), &v)
         .unwrap()
         .response
         .unwrap();
-    let r2 = s.handle_view(&view(6, &[]), &NoFailover);
+    let r2 = s.handle_view(&view(6, &[]));
     assert!(r2.is_empty(), "listeners do not change with endpoints");
     // The client subscribes to a second listener, acking r1.
     let out = s
         .handle_request(
             &req(lds, &["web.grpc.prod", "db.tcp.prod"], "5", &r1.nonce),
             &v,
-            &NoFailover,
         )
         .unwrap();
     assert_eq!(out.kind, RequestKind::Ack);
@@ -171,12 +169,12 @@ fn stale_nonces_are_ignored_and_name_changes_are_answered() {
     assert_eq!(r3.resources.len(), 2);
     // A late request carrying r1's nonce (older than r3's): ignored.
     let stale = s
-        .handle_request(&req(lds, &["nope.x.y"], "5", &r1.nonce), &v, &NoFailover)
+        .handle_request(&req(lds, &["nope.x.y"], "5", &r1.nonce), &v)
         .unwrap();
     assert_eq!((stale.kind, stale.response), (RequestKind::Stale, None));
     // An unknown name is simply absent (for LDS the client learns it does not exist).
     let out = s
-        .handle_request(&req(lds, &["nope.x.y"], "5", &r3.nonce), &v, &NoFailover)
+        .handle_request(&req(lds, &["nope.x.y"], "5", &r3.nonce), &v)
         .unwrap();
     assert!(out.response.unwrap().resources.is_empty());
 }
@@ -195,11 +193,7 @@ fn the_callers_zone_comes_from_its_node_locality() {
         }),
         ..Default::default()
     });
-    let resp = s
-        .handle_request(&r, &v, &NoFailover)
-        .unwrap()
-        .response
-        .unwrap();
+    let resp = s.handle_request(&r, &v).unwrap().response.unwrap();
     assert_eq!(s.node_id(), Some("client-1"));
     assert_eq!(
         healthy_hosts(&resp),
@@ -214,7 +208,7 @@ fn unknown_types_and_oversized_requests_are_refused_without_state_change() {
     let mut r = req(ResourceType::Endpoint, &[], "", "");
     r.type_url = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret".into();
     assert!(matches!(
-        s.handle_request(&r, &v, &NoFailover),
+        s.handle_request(&r, &v),
         Err(RequestError::UnknownType(_))
     ));
     let many: Vec<String> = (0..=MAX_RESOURCE_NAMES)
@@ -223,10 +217,10 @@ fn unknown_types_and_oversized_requests_are_refused_without_state_change() {
     let mut r = req(ResourceType::Endpoint, &[], "", "");
     r.resource_names = many;
     assert_eq!(
-        s.handle_request(&r, &v, &NoFailover),
+        s.handle_request(&r, &v),
         Err(RequestError::TooManyNames(MAX_RESOURCE_NAMES + 1))
     );
     assert!(s
-        .handle_view(&view(2, &[("a-1", "eu-a", Healthy)]), &NoFailover)
+        .handle_view(&view(2, &[("a-1", "eu-a", Healthy)]))
         .is_empty());
 }
