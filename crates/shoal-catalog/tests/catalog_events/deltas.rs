@@ -1,5 +1,6 @@
 //! Deltas and heads: what a delta carries, compaction, gaps, per-owner health deltas.
 
+use crate::gc::with_tombstone;
 use crate::support::*;
 
 /// Five instances `i0..i4` at revisions 1..=5, then `i0` READY at 6 (superseding r1).

@@ -3,7 +3,7 @@
 use crate::support::*;
 
 /// `a`: STARTING r1, READY r2, EXPIRED r3; `b`: STARTING r4.
-fn with_tombstone(fx: &Fixture) -> (Catalog, Vec<Arc<SignedLifecycle>>) {
+pub(crate) fn with_tombstone(fx: &Fixture) -> (Catalog, Vec<Arc<SignedLifecycle>>) {
     let history = vec![
         life(fx, "a", 1, 1, Starting),
         life(fx, "a", 1, 2, Ready),

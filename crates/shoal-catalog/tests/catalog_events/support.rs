@@ -65,8 +65,8 @@ pub fn held_life(c: &Catalog, fx: &Fixture, instance: &str) -> SignedLifecycle {
 /// A liveness input with explicit down nodes and ejected instances.
 #[derive(Default)]
 pub struct Net {
-    down: BTreeSet<NodeId>,
-    ejected: BTreeSet<(InstanceId, Generation)>,
+    pub down: BTreeSet<NodeId>,
+    pub ejected: BTreeSet<(InstanceId, Generation)>,
 }
 
 impl Liveness for Net {
