@@ -309,33 +309,23 @@ async fn resolve_seeds(shared: &Shared) -> Vec<SocketAddr> {
         .membership()
         .identity()
         .addr;
-    let mut out = Vec::new();
-    for s in &shared.cfg.raw.seeds {
-        match tokio::time::timeout(Duration::from_secs(2), tokio::net::lookup_host(s.as_str()))
-            .await
-        {
-            Ok(Ok(addrs)) => out.extend(addrs),
-            _ => tracing::debug!(seed = %s, "seed did not resolve"),
-        }
-    }
     // The freshest persisted members (the file lists seeds, then by last sighting) as extra
     // join targets; the whole list goes back into the membership's address book at start.
-    for m in crate::persist::read_members(&shared.cfg.raw.data_dir)
+    let extra: Vec<SocketAddr> = crate::persist::read_members(&shared.cfg.raw.data_dir)
         .into_iter()
         .take(16)
-    {
-        out.push(m.addr);
-    }
-    out.retain(|a| *a != me);
-    out.sort();
-    out.dedup();
-    out
+        .map(|m| m.addr)
+        .collect();
+    shoal_runtime::join::resolve_seeds(&shared.cfg.raw.seeds, &extra, me).await
 }
 
 /// Joins with exponential backoff and full jitter until the membership is Active; starts over
 /// whenever the driver reports the membership idle. Never gives up.
 async fn join_loop(shared: Arc<Shared>, mut wanted: watch::Receiver<u64>) {
-    let cfg = shared.cfg.raw.join.clone();
+    let backoff = shoal_runtime::join::Backoff {
+        base_ms: shared.cfg.raw.join.base_ms,
+        max_ms: shared.cfg.raw.join.max_ms,
+    };
     let mut jitter = Jitter::new();
     loop {
         let mut attempt: u32 = 0;
@@ -352,11 +342,8 @@ async fn join_loop(shared: Arc<Shared>, mut wanted: watch::Receiver<u64>) {
             }
             tracing::debug!(attempt, ?seeds, "joining");
             let _ = shared.driver.send(DriverCmd::Join(seeds)).await;
-            let ceiling = cfg
-                .base_ms
-                .saturating_mul(1u64 << attempt.min(20))
-                .min(cfg.max_ms);
-            tokio::time::sleep(Duration::from_millis(jitter.upto(ceiling))).await;
+            let pause = backoff.delay_ms(attempt, &mut jitter);
+            tokio::time::sleep(Duration::from_millis(pause)).await;
             attempt = attempt.saturating_add(1);
         }
         if wanted.changed().await.is_err() {

@@ -278,23 +278,10 @@ impl Default for AuthorityConfig {
     }
 }
 
-/// `[membership]`: overrides of the SWIM / dissemination defaults (ms). Unset = tuned default.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MembershipKnobs {
-    /// SWIM probe period.
-    pub probe_period_ms: Option<u64>,
-    /// SWIM direct-ack wait.
-    pub probe_rtt_ms: Option<u64>,
-    /// Suspicion window.
-    pub suspect_to_down_after_ms: Option<u64>,
-    /// Gossip period.
-    pub periodic_gossip_ms: Option<u64>,
-    /// Join retry while not connected.
-    pub join_retry_ms: Option<u64>,
-    /// Anti-entropy period.
-    pub anti_entropy_interval_ms: Option<u64>,
-}
+/// `[membership]`: overrides of the SWIM / dissemination defaults (ms; unset = the tuned
+/// default for `cluster_size`). The same type as the authority's `[mesh]` knobs
+/// (`shoal_runtime::knobs`), so both daemons read and apply them identically.
+pub type MembershipKnobs = shoal_runtime::knobs::SwimKnobs;
 
 /// `[persist]`.
 #[derive(Debug, Clone, Deserialize)]
@@ -792,26 +779,7 @@ pub fn validate(raw: AgentConfig) -> Result<Validated, ConfigError> {
 
 fn mesh_config(raw: &AgentConfig) -> Result<MeshConfig, ConfigError> {
     let mut mesh = MeshConfig::for_cluster_size(raw.cluster_size);
-    let k = &raw.membership;
-    let m = &mut mesh.membership;
-    if let Some(v) = k.probe_period_ms {
-        m.probe_period_ms = v;
-    }
-    if let Some(v) = k.probe_rtt_ms {
-        m.probe_rtt_ms = v;
-    }
-    if let Some(v) = k.suspect_to_down_after_ms {
-        m.suspect_to_down_after_ms = v;
-    }
-    if let Some(v) = k.periodic_gossip_ms {
-        m.periodic_gossip_ms = v;
-    }
-    if let Some(v) = k.join_retry_ms {
-        m.join_retry_ms = v;
-    }
-    if let Some(v) = k.anti_entropy_interval_ms {
-        mesh.anti_entropy_interval_ms = v.max(1);
-    }
+    raw.membership.apply(&mut mesh);
     mesh.membership
         .validate()
         .map_err(|e| invalid("membership", e.to_string()))?;

@@ -1,15 +1,17 @@
 //! The driver: one tokio task feeds the sans-IO [`Mesh`](shoal_mesh::Mesh) and drains its outputs.
 //!
-//! Inputs, each followed by draining `poll_transmit` / `poll_timer` / `poll_event`:
-//! * transport inbound: datagrams -> `handle_datagram`; stream messages -> `handle_stream_message`,
-//!   except authority RPC kinds, which the agent handles itself;
-//! * timers: `(deadline_ms, token)` pairs kept in a `BTreeMap` keyed by deadline, woken with
-//!   `sleep_until` (tokio's clock: tests can pause and advance it);
-//! * [`DriverCmd`]s from the API, probes and the join task.
+//! The mesh plumbing is `shoal_runtime::io::MeshIo`, shared with the authority's embedded
+//! member: every input is followed by draining transmits (send errors counted), timers (its
+//! timer queue, on tokio's clock so tests can pause it) and events. What is the agent's own:
+//! * transport inbound: authority RPC stream kinds are handled here (dev authority, replies to
+//!   our calls); everything else goes to the mesh;
+//! * [`DriverCmd`]s from the API, probes and the join task;
+//! * what events do to the shared state: status, blocking-query indexes, metrics;
+//! * persistence of the catalog snapshot and the address book (`members.json`).
 //!
-//! Monotonic ms are measured from a `tokio::time::Instant` origin taken at start.
+//! Monotonic ms are measured from `Shared::origin`, taken at start.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -17,16 +19,19 @@ use std::time::{Duration, SystemTime};
 use metrics::{counter, gauge, histogram};
 use shoal_catalog::snapshot::{self, Snapshot, SnapshotScope};
 use shoal_catalog::view::is_routable;
-use shoal_mesh::{Channel, Command, MembershipEvent, MeshEvent, MeshTimer};
+use shoal_mesh::{Command, MembershipEvent, MeshEvent};
 use shoal_proto::envelope::{self, MessageKind, MAX_STREAM_MESSAGE_BYTES};
 use shoal_proto::rpc::{AuthorityError, AuthorityOk, AuthorityReply, AuthorityRequest};
 use shoal_proto::{HealthStatus, InstanceId, LifecycleState};
+use shoal_runtime::clock::MonoClock;
+use shoal_runtime::io::MeshIo;
+use shoal_runtime::members_file;
 use shoal_transport::transport::{Channel as TChannel, Inbound, Transport};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::dev_authority::DevAuthority;
-use crate::persist::{self, PersistedMember};
+use crate::persist;
 use crate::state::{DriverCmd, Shared};
 
 /// Most authority RPCs in flight; more are refused at once.
@@ -37,11 +42,9 @@ type Pending = HashMap<u64, (u64, oneshot::Sender<Result<AuthorityOk, AuthorityE
 /// The driver task's state.
 pub struct Driver {
     shared: Arc<Shared>,
-    transport: Transport,
+    io: MeshIo,
     inbound: mpsc::Receiver<Inbound>,
     cmds: mpsc::Receiver<DriverCmd>,
-    timers: BTreeMap<(u64, u64), MeshTimer>,
-    timer_seq: u64,
     dev: Option<DevAuthority>,
     pending: Pending,
     next_request_id: u64,
@@ -60,13 +63,12 @@ impl Driver {
         dev: Option<DevAuthority>,
         join_wanted: tokio::sync::watch::Sender<u64>,
     ) -> Self {
+        let io = MeshIo::new(transport, MonoClock::new(shared.origin));
         Self {
             shared,
-            transport,
+            io,
             inbound,
             cmds,
-            timers: BTreeMap::new(),
-            timer_seq: 0,
             dev,
             pending: HashMap::new(),
             next_request_id: crate::keys::random_u64() >> 16,
@@ -85,17 +87,12 @@ impl Driver {
         let persist_every = Duration::from_millis(self.shared.cfg.raw.persist.interval_ms);
         let mut persist = tokio::time::interval_at(Instant::now() + persist_every, persist_every);
         loop {
-            let next_timer = self.timers.keys().next().map(|(at, _)| *at);
-            let sleep_to = next_timer.map_or_else(
-                || Instant::now() + Duration::from_secs(3600),
-                |at| self.shared.origin + Duration::from_millis(at),
-            );
             tokio::select! {
                 biased;
                 () = &mut shutdown => break,
                 Some(msg) = self.inbound.recv() => self.on_inbound(msg),
                 Some(cmd) = self.cmds.recv() => self.on_cmd(cmd),
-                () = tokio::time::sleep_until(sleep_to), if next_timer.is_some() => self.fire_timers(),
+                () = self.io.timer_due() => self.fire_timers(),
                 _ = tick.tick() => self.on_tick(),
                 _ = persist.tick() => self.persist(),
             }
@@ -103,38 +100,18 @@ impl Driver {
         self.shutdown().await;
     }
 
+    /// Feeds one input to the shared mesh under its write lock, drains its outputs there and
+    /// does the IO (sends, timers, events) after releasing the lock.
     fn with_mesh<R>(
         &mut self,
         f: impl FnOnce(&mut shoal_mesh::Mesh<shoal_catalog::Keyring>) -> R,
     ) -> R {
-        let (r, transmits, timers, events) = {
+        let (r, out) = {
             let mut mesh = self.shared.mesh.write().expect("mesh lock");
             let r = f(&mut mesh);
-            let mut transmits = Vec::new();
-            while let Some(t) = mesh.poll_transmit() {
-                transmits.push(t);
-            }
-            let mut timers = Vec::new();
-            while let Some(t) = mesh.poll_timer() {
-                timers.push(t);
-            }
-            let mut events = Vec::new();
-            while let Some(e) = mesh.poll_event() {
-                events.push(e);
-            }
-            (r, transmits, timers, events)
+            (r, MeshIo::collect(&mut mesh))
         };
-        for t in transmits {
-            let _ = match t.channel {
-                Channel::Datagram => self.transport.send_datagram(t.to, t.bytes),
-                Channel::Stream => self.transport.send_stream_message(t.to, t.bytes),
-            };
-        }
-        for (at, token) in timers {
-            self.timer_seq += 1;
-            self.timers.insert((at, self.timer_seq), token);
-        }
-        for e in events {
+        for e in self.io.dispatch(out) {
             self.on_event(e);
         }
         r
@@ -142,26 +119,21 @@ impl Driver {
 
     fn fire_timers(&mut self) {
         let now = self.shared.now_ms();
-        while let Some(entry) = self.timers.first_entry() {
-            if entry.key().0 > now {
-                break;
-            }
-            let token = entry.remove();
+        while let Some(token) = self.io.pop_due(now) {
             self.with_mesh(|m| m.handle_timer(now, token));
         }
     }
 
     fn on_inbound(&mut self, msg: Inbound) {
         let now = self.shared.now_ms();
-        match msg.channel {
-            TChannel::Datagram => self.with_mesh(|m| m.handle_datagram(now, msg.from, &msg.bytes)),
-            TChannel::Stream => match envelope::decode_header(&msg.bytes, MAX_STREAM_MESSAGE_BYTES)
-            {
-                Ok((MessageKind::AuthorityRequest, _)) => self.on_authority_request(msg),
-                Ok((MessageKind::AuthorityReply, _)) => self.on_authority_reply(&msg.bytes),
-                _ => self.with_mesh(|m| m.handle_stream_message(now, msg.from, &msg.bytes)),
-            },
+        if msg.channel == TChannel::Stream {
+            match envelope::decode_header(&msg.bytes, MAX_STREAM_MESSAGE_BYTES) {
+                Ok((MessageKind::AuthorityRequest, _)) => return self.on_authority_request(msg),
+                Ok((MessageKind::AuthorityReply, _)) => return self.on_authority_reply(&msg.bytes),
+                _ => {}
+            }
         }
+        self.with_mesh(|m| MeshIo::feed_inbound(m, now, &msg));
     }
 
     fn on_authority_request(&mut self, msg: Inbound) {
@@ -194,7 +166,7 @@ impl Driver {
             &reply,
             MAX_STREAM_MESSAGE_BYTES,
         ) {
-            let _ = self.transport.send_stream_message(msg.from, bytes);
+            let _ = self.io.send_stream(msg.from, bytes);
         }
     }
 
@@ -275,7 +247,7 @@ impl Driver {
             &req,
             MAX_STREAM_MESSAGE_BYTES,
         ) {
-            if self.transport.send_stream_message(addr, bytes).is_ok() {
+            if self.io.send_stream(addr, bytes).is_ok() {
                 self.pending.insert(request_id, (now, reply));
             }
         }
@@ -388,7 +360,7 @@ impl Driver {
         let timeout = shared.cfg.raw.authority.rpc_timeout_ms;
         self.pending
             .retain(|_, (at, _)| now.saturating_sub(*at) <= timeout * 2);
-        let tc = self.transport.counters();
+        let tc = self.io.transport_counters();
         let mesh = shared.mesh.read().expect("mesh lock");
         if mesh.membership().num_members() > 0 {
             shared.status.lock().expect("status").last_peer_ms = Some(now);
@@ -433,23 +405,12 @@ impl Driver {
                 SnapshotScope::Catalog,
                 shared.cfg.region.clone(),
             );
-            let now_unix = persist::unix_ms(SystemTime::now());
-            let members: Vec<PersistedMember> = mesh
-                .membership()
-                .known_addresses(shared.now_ms())
-                .iter()
-                .map(|k| PersistedMember::from_known(k, now_unix))
-                .collect();
+            let members = members_file::export_book(&mesh, shared.now_ms());
             (snapshot::encode(&snap), members)
         };
         let dir = &shared.cfg.raw.data_dir;
-        let result = persist::write_snapshot(dir, &bytes).and_then(|()| {
-            if members.is_empty() {
-                Ok(()) // keep the last known live members as join hints
-            } else {
-                persist::write_members(dir, &members)
-            }
-        });
+        let result = persist::write_snapshot(dir, &bytes)
+            .and_then(|()| members_file::write_book(dir, &members));
         let mut st = shared.status.lock().expect("status");
         match result {
             Ok(()) => {
@@ -476,8 +437,7 @@ impl Driver {
         match persist::read_members_checked(&dir) {
             Ok(members) if members.is_empty() => {}
             Ok(members) => {
-                let now_unix = persist::unix_ms(SystemTime::now());
-                let addresses = members.iter().map(|m| m.to_known(now_unix)).collect();
+                let addresses = members_file::to_known(&members);
                 tracing::info!(
                     addresses = members.len(),
                     "address book restored from members.json"
@@ -496,13 +456,12 @@ impl Driver {
         let now = self.shared.now_ms();
         self.with_mesh(|m| m.handle_command(now, Command::Leave));
         self.persist();
-        // Give the leave datagrams a moment to go out.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        self.transport.shutdown().await;
+        self.io.close().await;
     }
 }
 
-/// True when a lifecycle state may take traffic (for metrics of removed endpoints).
+/// True when a lifecycle state withdraws an endpoint from new traffic (DRAINING, EXPIRED);
+/// used for metrics of removed endpoints.
 pub fn is_withdrawn(state: LifecycleState) -> bool {
     matches!(state, LifecycleState::Draining | LifecycleState::Expired)
 }

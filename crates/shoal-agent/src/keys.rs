@@ -6,7 +6,6 @@
 //! `open` call (`O_EXCL`), and refused at load when group or others may read or write it, as
 //! OpenSSH refuses an unprotected private key (see `shoal_transport::keyfile`).
 
-use std::fs;
 use std::io;
 use std::path::Path;
 
@@ -70,11 +69,7 @@ pub fn parse_node_key(text: &[u8]) -> Option<[u8; 32]> {
     from_hex(text.trim())?.try_into().ok()
 }
 
-/// Parses the content of the boot counter file: a decimal number (surrounding whitespace
-/// ignored).
-pub fn parse_boot(text: &[u8]) -> Option<u64> {
-    std::str::from_utf8(text).ok()?.trim().parse().ok()
-}
+pub use shoal_runtime::boot::{parse_boot, random_u64, Jitter};
 
 /// Loads the node signing key, generating and persisting a new one on first start.
 ///
@@ -104,76 +99,19 @@ pub fn load_or_create_node_key(dir: &Path) -> io::Result<SigningKey> {
     }
 }
 
-/// Reads the last boot generation, adds one, persists it and returns it. The first start is 1.
+/// Reads the last boot generation (`data_dir/boot`), adds one, persists it and returns it.
+/// The first start is 1 (`shoal_runtime::boot::bump_boot`).
 ///
 /// # Errors
 /// IO errors, or a counter file that does not parse.
 pub fn bump_boot(dir: &Path) -> io::Result<Generation> {
-    let path = dir.join(BOOT_FILE);
-    let last = match fs::read(&path) {
-        Ok(text) => parse_boot(&text).ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("{} is not a number", path.display()),
-            )
-        })?,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => 0,
-        Err(e) => return Err(e),
-    };
-    let next = last.saturating_add(1);
-    write_atomic(&path, next.to_string().as_bytes(), 0o600)?;
-    Ok(Generation(next))
-}
-
-/// 64 random bits from the OS (seeds the mesh RNG and jitter).
-pub fn random_u64() -> u64 {
-    let mut b = [0u8; 8];
-    if getrandom::fill(&mut b).is_err() {
-        // Fall back to the std hasher's per-process random keys.
-        use std::hash::{BuildHasher, Hasher};
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u32(std::process::id());
-        return h.finish();
-    }
-    u64::from_le_bytes(b)
-}
-
-/// A small non-cryptographic RNG (SplitMix64) for jitter.
-#[derive(Debug, Clone)]
-pub struct Jitter(u64);
-
-impl Jitter {
-    /// Seeded from the OS.
-    pub fn new() -> Self {
-        Self(random_u64())
-    }
-
-    /// Next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..=max`.
-    pub fn upto(&mut self, max: u64) -> u64 {
-        if max == u64::MAX {
-            return self.next_u64();
-        }
-        self.next_u64() % (max + 1)
-    }
-}
-
-impl Default for Jitter {
-    fn default() -> Self {
-        Self::new()
-    }
+    shoal_runtime::boot::bump_boot(dir, BOOT_FILE)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
+
     use super::*;
 
     #[test]

@@ -4,26 +4,19 @@
 //! Files in the data directory:
 //! * `catalog.snap` — the newest `shoal_catalog::snapshot` encoding (checked header + CRC +
 //!   signatures); `catalog.snap.1` — the previous one;
-//! * `members.json` — the membership's address book: live members, seeds and members that
-//!   went down, each with when it was last seen (unix ms); used as extra join seeds and put
-//!   back into the book at start, which keeps knocking on them (heals partitions of any
-//!   length, `shoal-mesh` `membership/reconnect.rs`). Written atomically like the snapshot;
-//!   a torn or corrupt file reads as empty (counted, logged), entries only being hints.
+//! * `members.json` — the membership's address book (`shoal_runtime::members_file`, shared
+//!   with the authority's embedded member; re-exported here).
 //!
 //! At boot [`load_snapshot`] tries `catalog.snap`, then `catalog.snap.1`; a file that fails any
 //! check is reported, counted and skipped, never installed (invariant 7, docs/invariants.md).
 
 use std::fs;
 use std::io;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use serde::{Deserialize, Serialize};
 use shoal_catalog::snapshot::{self, Snapshot};
 use shoal_catalog::Verifier;
-use shoal_mesh::membership::KnownAddress;
-use shoal_proto::NodeId;
 
 use crate::keys::write_atomic;
 
@@ -31,54 +24,11 @@ use crate::keys::write_atomic;
 pub const SNAPSHOT_FILE: &str = "catalog.snap";
 /// Previous snapshot file.
 pub const SNAPSHOT_PREV_FILE: &str = "catalog.snap.1";
-/// Last live members.
-pub const MEMBERS_FILE: &str = "members.json";
-/// Most members persisted (bounds the file and the seed list; the membership's book holds
-/// 512 by default, the freshest are kept).
-pub const MAX_PERSISTED_MEMBERS: usize = 256;
 
-/// One persisted member (an address-book entry).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PersistedMember {
-    /// Node id (empty for a seed never answered).
-    pub node: String,
-    /// Listen address.
-    pub addr: SocketAddr,
-    /// When a member was last active at this address, unix ms (absent in files written
-    /// before the address book: read as "now").
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_seen_unix_ms: Option<u64>,
-}
-
-impl PersistedMember {
-    /// From a book entry, `now_unix_ms` being the wall time of the export.
-    pub fn from_known(k: &KnownAddress, now_unix_ms: u64) -> Self {
-        Self {
-            node: k.node.as_ref().map(ToString::to_string).unwrap_or_default(),
-            addr: k.addr,
-            last_seen_unix_ms: Some(now_unix_ms.saturating_sub(k.unseen_for_ms)),
-        }
-    }
-
-    /// Back to a book entry (as a non-seed; seeds come from configuration). A node id that
-    /// does not parse is dropped, the address kept.
-    pub fn to_known(&self, now_unix_ms: u64) -> KnownAddress {
-        KnownAddress {
-            addr: self.addr,
-            node: NodeId::new(&self.node).ok(),
-            seed: false,
-            unseen_for_ms: self
-                .last_seen_unix_ms
-                .map_or(0, |t| now_unix_ms.saturating_sub(t)),
-        }
-    }
-}
-
-/// Wall time in unix ms (0 before 1970).
-pub fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
+pub use shoal_runtime::members_file::{
+    parse_members, read_members, read_members_checked, unix_ms, write_members, MembersFileError,
+    PersistedMember, MAX_PERSISTED_MEMBERS, MEMBERS_FILE,
+};
 
 /// Writes a snapshot, keeping the previous one as `catalog.snap.1`.
 ///
@@ -90,58 +40,6 @@ pub fn write_snapshot(dir: &Path, bytes: &[u8]) -> io::Result<()> {
         fs::rename(&cur, dir.join(SNAPSHOT_PREV_FILE))?;
     }
     write_atomic(&cur, bytes, 0o600)
-}
-
-/// Writes the live members.
-///
-/// # Errors
-/// IO errors.
-pub fn write_members(dir: &Path, members: &[PersistedMember]) -> io::Result<()> {
-    let members = &members[..members.len().min(MAX_PERSISTED_MEMBERS)];
-    let json = serde_json::to_vec(members).map_err(io::Error::other)?;
-    write_atomic(&dir.join(MEMBERS_FILE), &json, 0o600)
-}
-
-/// Reads the persisted members; missing or corrupt -> empty (they are only join hints).
-pub fn read_members(dir: &Path) -> Vec<PersistedMember> {
-    fs::read(dir.join(MEMBERS_FILE))
-        .map(|b| parse_members(&b).unwrap_or_default())
-        .unwrap_or_default()
-}
-
-/// Why `members.json` was not used.
-#[derive(Debug, thiserror::Error)]
-pub enum MembersFileError {
-    /// The file exists but could not be read.
-    #[error("cannot read {MEMBERS_FILE}: {0}")]
-    Read(#[from] io::Error),
-    /// Torn, truncated or not our format: nothing of it is used.
-    #[error("{MEMBERS_FILE} is not a valid member list: {0}")]
-    Parse(#[from] serde_json::Error),
-}
-
-/// Reads the persisted members for the address book. A missing file is an empty list; a
-/// torn or corrupt one is an error (the caller logs and counts it, and starts without).
-///
-/// # Errors
-/// [`MembersFileError`]: nothing was read.
-pub fn read_members_checked(dir: &Path) -> Result<Vec<PersistedMember>, MembersFileError> {
-    match fs::read(dir.join(MEMBERS_FILE)) {
-        Ok(b) => Ok(parse_members(&b)?),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// Parses the content of `members.json`, at most [`MAX_PERSISTED_MEMBERS`].
-///
-/// # Errors
-/// The JSON error of a torn or corrupt file.
-pub fn parse_members(bytes: &[u8]) -> Result<Vec<PersistedMember>, serde_json::Error> {
-    serde_json::from_slice::<Vec<PersistedMember>>(bytes).map(|mut v| {
-        v.truncate(MAX_PERSISTED_MEMBERS);
-        v
-    })
 }
 
 /// A snapshot loaded at boot.
@@ -248,62 +146,5 @@ mod tests {
         let (loaded, refused) = load_snapshot(dir.path(), &fx.keyring);
         assert!(loaded.is_none());
         assert_eq!(refused.len(), 2);
-    }
-
-    #[test]
-    fn members_round_trip_and_garbage_is_empty() {
-        let dir = tempfile::tempdir().unwrap();
-        let m = vec![PersistedMember {
-            node: "n1".into(),
-            addr: "127.0.0.1:1".parse().unwrap(),
-            last_seen_unix_ms: Some(1_000),
-        }];
-        write_members(dir.path(), &m).unwrap();
-        assert_eq!(read_members(dir.path()), m);
-        fs::write(dir.path().join(MEMBERS_FILE), b"{garbage").unwrap();
-        assert!(read_members(dir.path()).is_empty());
-        assert!(matches!(
-            read_members_checked(dir.path()),
-            Err(MembersFileError::Parse(_))
-        ));
-    }
-
-    #[test]
-    fn a_torn_members_file_is_refused_whole_and_an_old_one_still_reads() {
-        let dir = tempfile::tempdir().unwrap();
-        let m: Vec<PersistedMember> = (0..10)
-            .map(|i| PersistedMember {
-                node: format!("n{i}"),
-                addr: format!("127.0.0.1:{}", 1000 + i).parse().unwrap(),
-                last_seen_unix_ms: Some(5_000 + i),
-            })
-            .collect();
-        write_members(dir.path(), &m).unwrap();
-        let full = fs::read(dir.path().join(MEMBERS_FILE)).unwrap();
-        // A crash mid-write (were the write not atomic) leaves a prefix: never half a list.
-        for cut in [1, full.len() / 2, full.len() - 1] {
-            fs::write(dir.path().join(MEMBERS_FILE), &full[..cut]).unwrap();
-            assert!(read_members_checked(dir.path()).is_err(), "cut at {cut}");
-        }
-        // Files written before the address book (no last-seen time) still read.
-        fs::write(
-            dir.path().join(MEMBERS_FILE),
-            br#"[{"node":"n1","addr":"127.0.0.1:1"}]"#,
-        )
-        .unwrap();
-        let old = read_members_checked(dir.path()).unwrap();
-        assert_eq!(old[0].last_seen_unix_ms, None);
-        assert_eq!(old[0].to_known(9_000).unseen_for_ms, 0);
-        // Last-seen round trip through the book's "unseen for".
-        let k = KnownAddress {
-            addr: "127.0.0.1:2".parse().unwrap(),
-            node: NodeId::new("n2").ok(),
-            seed: false,
-            unseen_for_ms: 4_000,
-        };
-        let p = PersistedMember::from_known(&k, 10_000);
-        assert_eq!(p.last_seen_unix_ms, Some(6_000));
-        assert_eq!(p.to_known(16_000).unseen_for_ms, 10_000);
-        assert_eq!(p.to_known(16_000).node, k.node);
     }
 }

@@ -13,8 +13,8 @@
 //! Capacity protection: every probe execution takes a permit of one node-wide semaphore
 //! (`[probes] max_concurrent`), and every period is jittered so probes never run in lockstep.
 //!
-//! Probes cannot escalate (ARCHITECTURE 7: the agent never runs caller-supplied commands with
-//! its own privileges):
+//! Probes cannot escalate (trust rule T3, docs/invariants.md: the agent never runs
+//! caller-supplied commands with its own privileges):
 //! * HTTP and TCP probes may only target the instance's own registered address
 //!   ([`ProbeSet::check_targets`]), so a registrant cannot make the agent connect elsewhere;
 //! * `exec` probes are refused unless `[probes] allow_exec = true`; when allowed they run as

@@ -208,6 +208,20 @@ pub struct MeshKnobs {
     pub node_keys: Option<serde::de::IgnoredAny>,
 }
 
+impl MeshKnobs {
+    /// The six SWIM / dissemination overrides, as the agent's `[membership]` holds them.
+    pub fn swim(&self) -> shoal_runtime::knobs::SwimKnobs {
+        shoal_runtime::knobs::SwimKnobs {
+            probe_period_ms: self.probe_period_ms,
+            probe_rtt_ms: self.probe_rtt_ms,
+            suspect_to_down_after_ms: self.suspect_to_down_after_ms,
+            periodic_gossip_ms: self.periodic_gossip_ms,
+            join_retry_ms: self.join_retry_ms,
+            anti_entropy_interval_ms: self.anti_entropy_interval_ms,
+        }
+    }
+}
+
 impl Default for MeshKnobs {
     fn default() -> Self {
         Self {
@@ -386,7 +400,7 @@ impl AuthorityConfig {
             bail!("[mesh] node_keys: {NODE_KEYS_REMOVED}");
         }
         let mut mesh = shoal_mesh::MeshConfig::for_cluster_size(self.mesh.cluster_size);
-        crate::member::apply_knobs(&mut mesh, &self.mesh);
+        self.mesh.swim().apply(&mut mesh);
         mesh.membership
             .validate()
             .map_err(|e| anyhow::anyhow!("[mesh]: {e}"))?;

@@ -1,6 +1,7 @@
-//! The replica's embedded mesh member: an ordinary member of the region's SWIM mesh, driven by
-//! a compact tokio driver over its own shoal-transport endpoint (`mesh_addr`; SWIM as
-//! datagrams, records as stream messages).
+//! The replica's embedded mesh member: an ordinary member of the region's SWIM mesh, driven
+//! over its own shoal-transport endpoint (`mesh_addr`; SWIM as datagrams, records as stream
+//! messages) by the same plumbing as the agent's (`shoal_runtime`: `MeshIo`, join backoff,
+//! boot file, address book).
 //!
 //! It gives the replica two things:
 //! - a **liveness view** ([`MeshView`]: which nodes are alive, which went down and when, on
@@ -8,6 +9,10 @@
 //!   proposals (see `server`), so the lease safety net has an input;
 //! - a **publishing path**: every signed lifecycle record the replica applies is handed to
 //!   [`MemberHandle::publish`] and disseminated by the mesh even if the requesting agent died.
+//!
+//! Like an agent, the member persists its address book (`members.json` in the data dir, every
+//! [`BOOK_PERSIST_MS`] and at shutdown) and reads it back at start, so a restarted replica
+//! finds the region even when its configured seeds are gone.
 //!
 //! Every replica runs one (a new leader starts with a warm view). The member never signs
 //! anything: its node key is random per process and it reports no health. It verifies
@@ -19,19 +24,22 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use metrics::{counter, gauge};
 use shoal_catalog::Keyring;
-use shoal_mesh::{
-    Channel, Command, MemberId, MembershipEvent, Mesh, MeshConfig, MeshEvent, MeshTimer,
-};
+use shoal_mesh::{Command, MemberId, MembershipEvent, Mesh, MeshConfig, MeshEvent};
 use shoal_proto::envelope::MAX_STREAM_MESSAGE_BYTES;
 use shoal_proto::{Generation, NodeId, Region, SignedLifecycle, SigningKey, Zone};
-use shoal_transport::transport::{Channel as TChannel, Inbound, Transport, TransportConfig};
+use shoal_runtime::boot::{random_u64, Jitter};
+use shoal_runtime::clock::MonoClock;
+use shoal_runtime::io::MeshIo;
+use shoal_runtime::join::{resolve_seeds, Backoff};
+use shoal_runtime::members_file;
+use shoal_transport::transport::{Inbound, Transport, TransportConfig};
 use tokio::sync::{mpsc, oneshot, Notify};
 
 /// Capacity of the queue of commands (publishes, joins) to the member's driver.
@@ -40,6 +48,12 @@ pub const MEMBER_QUEUE: usize = 1_024;
 pub const MAX_TRACKED_DOWN: usize = 65_536;
 /// File in the data dir holding the member's last boot generation.
 pub const BOOT_FILE: &str = "mesh.boot";
+/// Period of the address-book write (`members.json`), ms; the agent's default snapshot period.
+pub const BOOK_PERSIST_MS: u64 = 10_000;
+/// Ceiling of the first join backoff, ms.
+pub const JOIN_BASE_MS: u64 = 100;
+/// Persisted members tried as extra join seeds at each attempt (the freshest first).
+pub const BOOK_SEEDS: usize = 16;
 
 /// What the leader reads of the member's view of the region.
 #[derive(Debug, Clone, Default)]
@@ -74,6 +88,8 @@ pub struct MemberSettings {
     pub tls: shoal_transport::tls::TlsState,
     /// Longest pause between join attempts while not active, ms.
     pub join_max_ms: u64,
+    /// Where the address book (`members.json`) is kept: the replica's data dir.
+    pub data_dir: PathBuf,
 }
 
 enum MemberCmd {
@@ -178,32 +194,16 @@ impl MemberHandle {
     }
 }
 
-/// Bumps and returns the member's boot generation, persisted in `dir/mesh.boot` (temp file +
-/// fsync + rename), so every restart rejoins SWIM with a higher identity.
+/// Bumps and returns the member's boot generation, persisted in `dir/mesh.boot`
+/// (`shoal_runtime::boot::bump_boot`: temp file + fsync + rename), so every restart rejoins
+/// SWIM with a higher identity.
 ///
 /// # Errors
 /// The file cannot be read as a number or written.
 pub fn bump_boot(dir: &Path) -> anyhow::Result<Generation> {
-    let path = dir.join(BOOT_FILE);
-    let last = match std::fs::read_to_string(&path) {
-        Ok(t) => t
-            .trim()
-            .parse::<u64>()
-            .with_context(|| format!("{} is not a number", path.display()))?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-    };
-    let next = last.saturating_add(1);
     shoal_transport::keyfile::ensure_private_dir(dir)?;
-    shoal_transport::keyfile::replace_atomic(&path, next.to_string().as_bytes(), 0o600)
-        .with_context(|| format!("writing {}", path.display()))?;
-    Ok(Generation(next))
-}
-
-fn random_u64() -> u64 {
-    let mut b = [0u8; 8];
-    rand::fill(&mut b);
-    u64::from_le_bytes(b)
+    shoal_runtime::boot::bump_boot(dir, BOOT_FILE)
+        .with_context(|| format!("{}", dir.join(BOOT_FILE).display()))
 }
 
 /// Binds the transport, creates the mesh core with `identity = (node, listen, boot)` and spawns
@@ -259,18 +259,25 @@ pub fn start(
     };
     let driver = MemberDriver {
         mesh,
-        transport,
-        origin,
-        timers: BTreeMap::new(),
-        timer_seq: 0,
+        io: MeshIo::new(
+            transport,
+            MonoClock::new(tokio::time::Instant::from_std(origin)),
+        ),
         view: handle.view.clone(),
         changed: handle.changed.clone(),
+        data_dir: s.data_dir.clone(),
+        persist_failed_logged: false,
     };
     tokio::spawn(driver.run(inbound, rx));
+    let backoff = Backoff {
+        base_ms: JOIN_BASE_MS,
+        max_ms: s.join_max_ms,
+    };
     tokio::spawn(join_loop(
         s.seeds,
+        s.data_dir,
         identity.addr,
-        s.join_max_ms,
+        backoff,
         tx,
         handle.view.clone(),
     ));
@@ -278,50 +285,41 @@ pub fn start(
     Ok(handle)
 }
 
-/// Joins through the seeds with exponential backoff and full jitter whenever the member is
-/// not active (at start, and again after `Idle`).
+/// Joins through the seeds (and the freshest persisted members) with exponential backoff and
+/// full jitter ([`Backoff`], as agents do) whenever the member is not active (at start, and
+/// again after `Idle`).
 async fn join_loop(
     seeds: Vec<String>,
+    data_dir: PathBuf,
     me: SocketAddr,
-    max_ms: u64,
+    backoff: Backoff,
     tx: mpsc::Sender<MemberCmd>,
     view: Arc<Mutex<MeshView>>,
 ) {
-    if seeds.is_empty() {
+    let book_empty = members_file::read_members(&data_dir).is_empty();
+    if seeds.is_empty() && book_empty {
         return; // nothing to join: agents that list us as a seed join us
     }
+    let mut jitter = Jitter::new();
     let mut attempt: u32 = 0;
     loop {
         let active = view.lock().expect("mesh view lock").active;
-        if active {
+        let pause = if active {
             attempt = 0;
+            1_000
         } else {
-            let mut addrs = Vec::new();
-            for s in &seeds {
-                if let Ok(Ok(a)) = tokio::time::timeout(
-                    Duration::from_secs(2),
-                    tokio::net::lookup_host(s.as_str()),
-                )
-                .await
-                {
-                    addrs.extend(a);
-                }
-            }
-            addrs.retain(|a| *a != me);
-            addrs.sort();
-            addrs.dedup();
+            let extra: Vec<SocketAddr> = members_file::read_members(&data_dir)
+                .into_iter()
+                .take(BOOK_SEEDS)
+                .map(|m| m.addr)
+                .collect();
+            let addrs = resolve_seeds(&seeds, &extra, me).await;
             if !addrs.is_empty() && tx.send(MemberCmd::Join(addrs)).await.is_err() {
                 return;
             }
+            let pause = backoff.delay_ms(attempt, &mut jitter);
             attempt = attempt.saturating_add(1);
-        }
-        let ceiling = 100u64
-            .saturating_mul(1 << attempt.min(16))
-            .clamp(100, max_ms.max(100));
-        let pause = if active {
-            1_000
-        } else {
-            ceiling / 2 + random_u64() % (ceiling / 2 + 1)
+            pause
         };
         tokio::time::sleep(Duration::from_millis(pause)).await;
         if tx.is_closed() {
@@ -332,17 +330,16 @@ async fn join_loop(
 
 struct MemberDriver {
     mesh: Mesh<Keyring>,
-    transport: Transport,
-    origin: Instant,
-    timers: BTreeMap<(u64, u64), MeshTimer>,
-    timer_seq: u64,
+    io: MeshIo,
     view: Arc<Mutex<MeshView>>,
     changed: Arc<Notify>,
+    data_dir: PathBuf,
+    persist_failed_logged: bool,
 }
 
 impl MemberDriver {
     fn now_ms(&self) -> u64 {
-        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+        self.io.now_ms()
     }
 
     async fn run(
@@ -350,27 +347,23 @@ impl MemberDriver {
         mut inbound: mpsc::Receiver<Inbound>,
         mut cmds: mpsc::Receiver<MemberCmd>,
     ) {
-        let now = self.now_ms();
-        self.pump(|m| m.start(now));
+        self.pump(|m, now| m.start(now));
+        self.restore_book();
         let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let every = Duration::from_millis(BOOK_PERSIST_MS);
+        let mut persist = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         let stop = loop {
-            let next = self.timers.keys().next().map(|(at, _)| *at);
-            let wake = tokio::time::Instant::from_std(
-                self.origin + Duration::from_millis(next.unwrap_or(u64::MAX / 4)),
-            );
             tokio::select! {
                 msg = inbound.recv() => match msg {
-                    Some(m) => self.on_inbound(m),
+                    Some(m) => self.pump(|mesh, now| MeshIo::feed_inbound(mesh, now, &m)),
                     None => break None,
                 },
                 cmd = cmds.recv() => match cmd {
                     Some(MemberCmd::Publish(lifecycle)) => {
-                        let now = self.now_ms();
-                        self.pump(|m| m.handle_command(now, Command::Publish { lifecycle }));
+                        self.pump(|m, now| m.handle_command(now, Command::Publish { lifecycle }));
                     }
                     Some(MemberCmd::Join(seeds)) => {
-                        let now = self.now_ms();
-                        self.pump(|m| m.handle_command(now, Command::Join { seeds }));
+                        self.pump(|m, now| m.handle_command(now, Command::Join { seeds }));
                     }
                     Some(MemberCmd::Summaries(keys, at_ms, reply)) => {
                         let region = self.mesh.region().clone();
@@ -386,60 +379,75 @@ impl MemberDriver {
                     Some(MemberCmd::Stop(done)) => break Some(done),
                     None => break None,
                 },
-                () = tokio::time::sleep_until(wake), if next.is_some() => self.fire_timers(),
+                () = self.io.timer_due() => self.fire_timers(),
                 _ = tick.tick() => self.export_metrics(),
+                _ = persist.tick() => self.persist_book(),
             }
         };
-        let now = self.now_ms();
-        self.pump(|m| m.handle_command(now, Command::Leave));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        self.transport.shutdown().await;
+        self.pump(|m, now| m.handle_command(now, Command::Leave));
+        self.persist_book();
+        self.io.close().await;
         if let Some(done) = stop {
             let _ = done.send(());
         }
     }
 
-    fn on_inbound(&mut self, msg: Inbound) {
-        let now = self.now_ms();
-        match msg.channel {
-            TChannel::Datagram => self.pump(|m| m.handle_datagram(now, msg.from, &msg.bytes)),
-            TChannel::Stream => self.pump(|m| m.handle_stream_message(now, msg.from, &msg.bytes)),
-        }
-    }
-
     fn fire_timers(&mut self) {
         let now = self.now_ms();
-        while let Some(entry) = self.timers.first_entry() {
-            if entry.key().0 > now {
-                break;
-            }
-            let token = entry.remove();
-            self.pump(|m| m.handle_timer(now, token));
+        while let Some(token) = self.io.pop_due(now) {
+            self.pump(|m, _| m.handle_timer(now, token));
         }
     }
 
-    /// Feeds one input, then drains transmits, timers and events.
-    fn pump(&mut self, f: impl FnOnce(&mut Mesh<Keyring>)) {
-        f(&mut self.mesh);
-        while let Some(t) = self.mesh.poll_transmit() {
-            let r = match t.channel {
-                Channel::Datagram => self.transport.send_datagram(t.to, t.bytes),
-                Channel::Stream => self.transport.send_stream_message(t.to, t.bytes),
-            };
-            if r.is_err() {
-                counter!("shoal_authority_mesh_send_errors_total").increment(1);
-            }
-        }
-        while let Some((at, token)) = self.mesh.poll_timer() {
-            self.timer_seq += 1;
-            self.timers.insert((at, self.timer_seq), token);
-        }
+    /// Feeds one input at the current time, then drains transmits, timers and events.
+    fn pump(&mut self, f: impl FnOnce(&mut Mesh<Keyring>, u64)) {
+        let ((), events) = self.io.pump(&mut self.mesh, f);
         let mut changed = false;
-        while let Some(e) = self.mesh.poll_event() {
+        for e in events {
             changed |= self.on_event(e);
         }
         if changed {
             self.changed.notify_one();
+        }
+    }
+
+    /// Puts the address book the previous process persisted back into the membership. A torn
+    /// or corrupt file is logged, counted and ignored (the seeds still work).
+    fn restore_book(&mut self) {
+        match members_file::read_members_checked(&self.data_dir) {
+            Ok(members) if members.is_empty() => {}
+            Ok(members) => {
+                let addresses = members_file::to_known(&members);
+                tracing::info!(
+                    addresses = members.len(),
+                    "embedded member: address book restored from members.json"
+                );
+                self.pump(|m, now| m.handle_command(now, Command::RestoreKnown { addresses }));
+            }
+            Err(e) => {
+                counter!("shoal_authority_mesh_members_file_refused_total").increment(1);
+                tracing::error!(error = %e, dir = %self.data_dir.display(), "embedded member: persisted member list refused; starting from the seeds");
+            }
+        }
+    }
+
+    /// Writes the address book (`members.json`); a failure is counted and logged once per
+    /// failure streak, and never stops the member.
+    fn persist_book(&mut self) {
+        let members = members_file::export_book(&self.mesh, self.now_ms());
+        match members_file::write_book(&self.data_dir, &members) {
+            Ok(()) => {
+                counter!("shoal_authority_mesh_book_persist_total", "result" => "ok").increment(1);
+                self.persist_failed_logged = false;
+            }
+            Err(e) => {
+                counter!("shoal_authority_mesh_book_persist_total", "result" => "error")
+                    .increment(1);
+                if !self.persist_failed_logged {
+                    tracing::error!(error = %e, dir = %self.data_dir.display(), "embedded member: cannot write members.json");
+                    self.persist_failed_logged = true;
+                }
+            }
         }
     }
 
@@ -523,33 +531,11 @@ impl MemberDriver {
             .absolute(merge.bad_signature);
         counter!("shoal_authority_mesh_rejected_total", "reason" => "conflict")
             .absolute(merge.conflict);
-        let t = self.transport.counters();
+        counter!("shoal_authority_mesh_send_errors_total").absolute(self.io.send_errors());
+        let t = self.io.transport_counters();
         counter!("shoal_authority_mesh_transport_dropped_total", "why" => "inbound")
             .absolute(t.inbound_dropped);
         counter!("shoal_authority_mesh_transport_dropped_total", "why" => "queue")
             .absolute(t.queue_overflow);
-    }
-}
-
-/// Applies `[mesh]` knob overrides to a [`MeshConfig`].
-pub fn apply_knobs(mesh: &mut MeshConfig, k: &crate::config::MeshKnobs) {
-    let m = &mut mesh.membership;
-    if let Some(v) = k.probe_period_ms {
-        m.probe_period_ms = v;
-    }
-    if let Some(v) = k.probe_rtt_ms {
-        m.probe_rtt_ms = v;
-    }
-    if let Some(v) = k.suspect_to_down_after_ms {
-        m.suspect_to_down_after_ms = v;
-    }
-    if let Some(v) = k.periodic_gossip_ms {
-        m.periodic_gossip_ms = v;
-    }
-    if let Some(v) = k.join_retry_ms {
-        m.join_retry_ms = v;
-    }
-    if let Some(v) = k.anti_entropy_interval_ms {
-        mesh.anti_entropy_interval_ms = v.max(1);
     }
 }

@@ -24,8 +24,16 @@ const COUNTERS: &[(&str, &str)] = &[
         "Replica-set changes (members add/remove) handled, by operation and result.",
     ),
     (
+        "shoal_authority_mesh_book_persist_total",
+        "Writes of the embedded member's address book (members.json), by result.",
+    ),
+    (
         "shoal_authority_mesh_dropped_total",
         "Embedded mesh member work dropped because a bounded queue was full, by queue.",
+    ),
+    (
+        "shoal_authority_mesh_members_file_refused_total",
+        "Embedded member starts that refused a torn or corrupt members.json.",
     ),
     (
         "shoal_authority_mesh_overflow_total",
@@ -45,7 +53,7 @@ const COUNTERS: &[(&str, &str)] = &[
     ),
     (
         "shoal_authority_mesh_send_errors_total",
-        "Embedded member sends that failed.",
+        "Embedded member mesh sends the transport refused (queue full, oversize, shut down).",
     ),
     (
         "shoal_authority_mesh_transport_dropped_total",

@@ -96,9 +96,27 @@ mod tests {
 
     #[test]
     fn expired_is_terminal() {
+        // Every reason, every target: nothing leaves EXPIRED (the whole table is checked in
+        // `tests/catalog_events/transitions.rs`).
+        let reasons = [
+            Registered,
+            ReadinessPassed,
+            DrainRequested,
+            DrainCancelled,
+            Deregistered,
+            LeaseExpired,
+            ReadinessFailed,
+            ReadinessRecovered,
+            LivenessFailed,
+            NodeKeyChanged,
+            NodeRevoked,
+        ];
         for to in [Starting, Ready, Draining, Expired] {
-            for reason in [Registered, ReadinessPassed, DrainRequested, DrainCancelled] {
-                assert!(check_transition(Some(Expired), to, reason).is_err());
+            for reason in reasons {
+                assert!(
+                    check_transition(Some(Expired), to, reason).is_err(),
+                    "EXPIRED -> {to:?} by {reason:?} must be refused"
+                );
             }
         }
     }

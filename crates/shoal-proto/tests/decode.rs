@@ -332,6 +332,61 @@ fn unsorted_labels_on_the_wire_decode_to_the_canonical_order() {
     assert_eq!(dims, [LabelDimension::Protocol, LabelDimension::Arch]);
 }
 
+/// The companion of the `mutated_*` properties below, which check only the mutations that
+/// still decode: every single-byte flip of each encoding, exhaustively, so the check cannot
+/// pass by never decoding. A healthy share of flips must decode to a *different* value (else
+/// the properties check nothing), and every one of those must fail verification.
+#[test]
+fn single_byte_flips_decode_to_different_records_that_never_verify() {
+    let w = world();
+    fn flips(bytes: &[u8]) -> impl Iterator<Item = Vec<u8>> + '_ {
+        (0..bytes.len()).map(move |i| {
+            let mut b = bytes.to_vec();
+            b[i] ^= 0x01;
+            b
+        })
+    }
+    let life = enc(MessageKind::RecordPush, &w.life);
+    let mut decoded_different = 0;
+    for b in flips(&life) {
+        if let Ok(l) = envelope::decode::<SignedLifecycle>(
+            &b,
+            MessageKind::RecordPush,
+            DEFAULT_MAX_DATAGRAM_BYTES,
+        ) {
+            if l != w.life {
+                decoded_different += 1;
+                assert!(!life_ok(w, &l), "a flipped lifecycle verified: {l:?}");
+            }
+        }
+    }
+    assert!(
+        decoded_different * 4 >= life.len(),
+        "only {decoded_different} of {} lifecycle flips decode to another record",
+        life.len()
+    );
+    let health = enc(MessageKind::RecordPush, &w.health);
+    let mut decoded_different = 0;
+    for b in flips(&health) {
+        if let Ok(h) = envelope::decode::<SignedHealth>(
+            &b,
+            MessageKind::RecordPush,
+            DEFAULT_MAX_DATAGRAM_BYTES,
+        ) {
+            if h != w.health {
+                decoded_different += 1;
+                let ok = w.node.verifying_key().verify_health(&h).is_ok();
+                assert!(!ok, "a flipped health record verified: {h:?}");
+            }
+        }
+    }
+    assert!(
+        decoded_different * 4 >= health.len(),
+        "only {decoded_different} of {} health flips decode to another record",
+        health.len()
+    );
+}
+
 // ---- properties --------------------------------------------------------------------------
 
 fn config(seed: u64) -> ProptestConfig {

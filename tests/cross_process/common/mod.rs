@@ -4,8 +4,6 @@
 
 #![allow(dead_code)]
 
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -179,46 +177,10 @@ impl Drop for Agent {
     }
 }
 
-/// One HTTP/1.1 request over a unix socket (`Connection: close`); `None` if the agent is not up.
+/// One HTTP/1.1 request over a unix socket (`Connection: close`, 60 s read timeout;
+/// `shoal_runtime::local_api`); `None` if the agent is not up.
 pub fn http(socket: &Path, method: &str, path: &str, body: Option<&str>) -> Option<(u16, Value)> {
-    let mut s = UnixStream::connect(socket).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
-    let body = body.unwrap_or("");
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: agent\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).ok()?;
-    let mut out = Vec::new();
-    s.read_to_end(&mut out).ok()?;
-    let text = String::from_utf8_lossy(&out);
-    let status: u16 = text.split_whitespace().nth(1)?.parse().ok()?;
-    let (head, rest) = text.split_once("\r\n\r\n")?;
-    let json_text = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(rest)
-    } else {
-        rest.to_owned()
-    };
-    Some((
-        status,
-        serde_json::from_str(&json_text).unwrap_or(Value::Null),
-    ))
-}
-
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((len, rest)) = s.split_once("\r\n") {
-        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        s = rest[n..].trim_start_matches("\r\n");
-    }
-    out
+    shoal_runtime::local_api::call(socket, method, path, body, Duration::from_secs(60)).ok()
 }
 
 /// Polls `f` until it returns `Some`, panicking with `what` after `timeout`.

@@ -1,0 +1,351 @@
+//! The agent RPC server of a replica: requests in (stream messages on `rpc_addr`), the
+//! caller from the peer certificate, leader-only writes through Raft, replies and the audit
+//! log of refused requests (see the `server` module docs, "Requests").
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use metrics::{counter, histogram};
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::ServerState;
+use shoal_authority::{AuthorityCommand, Caller, Refusal};
+use shoal_proto::envelope::{self, MessageKind, MAX_STREAM_MESSAGE_BYTES};
+use shoal_proto::rpc::{
+    AuthorityError, AuthorityOk, AuthorityReply, AuthorityRequest, AuthorityRequestBody,
+    LocalCaller,
+};
+use shoal_transport::certs::NodeIdentity;
+use shoal_transport::transport::{Channel, Inbound};
+use tokio::sync::mpsc;
+
+use super::{wall_ms, Replica};
+use crate::types::Proposal;
+
+/// Stable machine-readable code of a refusal (the `code` of `AuthorityError::Refused`).
+pub fn refusal_code(r: &Refusal) -> &'static str {
+    match r {
+        Refusal::NotOwner { .. } => "not_owner",
+        Refusal::UnknownInstance => "unknown_instance",
+        Refusal::StaleGeneration { .. } => "stale_generation",
+        Refusal::UnknownGeneration { .. } => "unknown_generation",
+        Refusal::IllegalTransition { .. } => "illegal_transition",
+        Refusal::AlreadyInState(_) => "already_in_state",
+        Refusal::Expired => "expired",
+        Refusal::InvalidRequest(_) => "invalid_request",
+        Refusal::NotAllowed => "not_allowed",
+        Refusal::CapacityExhausted { .. } => "capacity_exhausted",
+        Refusal::NodeRevoked { .. } => "node_revoked",
+    }
+}
+
+/// Maps a peer identity to the caller the state machine authorises.
+pub fn caller_of(peer: &NodeIdentity, operators: &BTreeSet<String>) -> Caller {
+    let id = peer.node_id.as_str();
+    if id.starts_with("operator-") || operators.contains(id) {
+        Caller::Operator
+    } else {
+        Caller::Node(peer.node_id.clone())
+    }
+}
+
+impl Replica {
+    pub(super) fn leader_rpc_addr(&self) -> Option<String> {
+        let m = self.raft.metrics().borrow().clone();
+        let leader = m.current_leader?;
+        m.membership_config
+            .membership()
+            .get_node(&leader)
+            .map(|n| n.rpc_addr.clone())
+    }
+
+    pub(super) async fn serve_rpc(self: Arc<Self>, mut inbound: mpsc::Receiver<Inbound>) {
+        while let Some(msg) = inbound.recv().await {
+            if msg.channel != Channel::Stream {
+                continue; // the RPC endpoint carries no SWIM (the member has its own address)
+            }
+            let req: AuthorityRequest = match envelope::decode(
+                &msg.bytes,
+                MessageKind::AuthorityRequest,
+                MAX_STREAM_MESSAGE_BYTES,
+            ) {
+                Ok(r) => r,
+                Err(e) => {
+                    counter!("shoal_authority_rpc_rejected_total", "reason" => e.as_label())
+                        .increment(1);
+                    continue;
+                }
+            };
+            let Ok(permit) = self.inflight.clone().try_acquire_owned() else {
+                counter!("shoal_authority_rpc_rejected_total", "reason" => "overload").increment(1);
+                self.reply(msg.from, req.request_id, Err(AuthorityError::NoQuorum));
+                continue;
+            };
+            let this = self.clone();
+            tokio::spawn(async move {
+                let on_behalf_of = req.on_behalf_of.map(LocalCaller::bounded);
+                let result = this.handle_for(&msg.peer, req.body, on_behalf_of).await;
+                this.reply(msg.from, req.request_id, result);
+                drop(permit);
+            });
+        }
+    }
+
+    pub(super) fn reply(
+        &self,
+        to: SocketAddr,
+        request_id: u64,
+        result: Result<AuthorityOk, AuthorityError>,
+    ) {
+        let reply = AuthorityReply { request_id, result };
+        match envelope::encode(
+            MessageKind::AuthorityReply,
+            &reply,
+            MAX_STREAM_MESSAGE_BYTES,
+        ) {
+            Ok(bytes) => {
+                if let Err(e) = self.rpc.send_stream_message(to, bytes) {
+                    tracing::debug!(error = %e, %to, "reply not sent");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "reply too large"),
+        }
+    }
+
+    /// Handles one request from `peer` (exposed for in-process tests).
+    pub async fn handle(
+        &self,
+        peer: &NodeIdentity,
+        body: AuthorityRequestBody,
+    ) -> Result<AuthorityOk, AuthorityError> {
+        self.handle_for(peer, body, None).await
+    }
+
+    /// As [`Replica::handle`], for a request an agent forwards on behalf of a local process
+    /// (recorded in the audit log, never used to decide).
+    pub async fn handle_for(
+        &self,
+        peer: &NodeIdentity,
+        body: AuthorityRequestBody,
+        on_behalf_of: Option<LocalCaller>,
+    ) -> Result<AuthorityOk, AuthorityError> {
+        let caller = caller_of(peer, &self.operators);
+        if !crate::regions::gateway_may(peer.node_id.as_str(), &body) {
+            return Err(AuthorityError::Refused {
+                code: "gateway_read_only".into(),
+                reason: "gateway identities (other regions' authorities) may only read".into(),
+            });
+        }
+        let (cmd, policy_key) = match body {
+            AuthorityRequestBody::Status => return Ok(AuthorityOk::Status(self.status())),
+            AuthorityRequestBody::Members(op) => return self.members(peer, &caller, op).await,
+            AuthorityRequestBody::GetGlobalPolicy => {
+                return Ok(AuthorityOk::GlobalPolicy(
+                    self.sm.with_state(|s| s.global_policy().cloned()),
+                ))
+            }
+            AuthorityRequestBody::RegionSummaries {
+                keys,
+                policy_version,
+            } => return Ok(self.regions.serve_summaries(keys, policy_version).await),
+            AuthorityRequestBody::FailoverFeed { policy_version } => {
+                return Ok(self.regions.feed(policy_version))
+            }
+            AuthorityRequestBody::PutGlobalPolicy { signed } => {
+                self.regions.verify_policy(&signed)?;
+                let cmd = AuthorityCommand::PutGlobalPolicy { caller, signed };
+                self.write(cmd, on_behalf_of).await?;
+                return Ok(AuthorityOk::GlobalPolicy(
+                    self.sm.with_state(|s| s.global_policy().cloned()),
+                ));
+            }
+            AuthorityRequestBody::GetPolicy { key } => {
+                return Ok(AuthorityOk::Policy(
+                    self.sm.with_state(|s| s.policy(&key).cloned()),
+                ))
+            }
+            AuthorityRequestBody::Register {
+                key,
+                instance,
+                on_node,
+                endpoint,
+                lease_ms,
+            } => (
+                AuthorityCommand::Register {
+                    caller,
+                    key,
+                    instance,
+                    on_node,
+                    endpoint,
+                    lease_ms,
+                },
+                None,
+            ),
+            AuthorityRequestBody::Transition {
+                key,
+                instance,
+                generation,
+                to,
+                reason,
+            } => (
+                AuthorityCommand::Transition {
+                    caller,
+                    key,
+                    instance,
+                    generation,
+                    to,
+                    reason,
+                },
+                None,
+            ),
+            AuthorityRequestBody::PutPolicy { key, policy } => (
+                AuthorityCommand::PutPolicy {
+                    caller,
+                    key: key.clone(),
+                    policy,
+                },
+                Some(key),
+            ),
+            AuthorityRequestBody::BindNodeKey { key } => {
+                if self.sm.with_state(
+                    |s| matches!(&caller, Caller::Node(n) if s.node_key(n) == Some(key)),
+                ) {
+                    // Every agent start: already bound, nothing to commit.
+                    return Ok(AuthorityOk::Committed {
+                        records: Vec::new(),
+                    });
+                }
+                (AuthorityCommand::BindNodeKey { caller, key }, None)
+            }
+            AuthorityRequestBody::RevokeNode { node } => {
+                (AuthorityCommand::RevokeNode { caller, node }, None)
+            }
+            AuthorityRequestBody::ReadmitNode { node } => {
+                (AuthorityCommand::ReadmitNode { caller, node }, None)
+            }
+        };
+        let started = Instant::now();
+        let res = self.write(cmd.clone(), on_behalf_of.clone()).await;
+        let outcome = match &res {
+            Ok(_) => "committed",
+            Err(AuthorityError::Refused { .. }) => "refused",
+            Err(AuthorityError::NotLeader { .. }) => "not_leader",
+            Err(AuthorityError::NoQuorum) => "no_quorum",
+            Err(AuthorityError::Invalid(_)) => "invalid",
+        };
+        counter!("shoal_authority_writes_total", "outcome" => outcome).increment(1);
+        if res.is_ok() {
+            histogram!("shoal_authority_commit_latency_seconds")
+                .record(started.elapsed().as_secs_f64());
+        }
+        if let Err(e) = &res {
+            if !matches!(e, AuthorityError::Refused { .. }) {
+                self.audit_rejected(peer, on_behalf_of.as_ref(), &cmd, e);
+            }
+        }
+        match (res, policy_key) {
+            (Ok(_), Some(key)) => Ok(AuthorityOk::Policy(
+                self.sm.with_state(|s| s.policy(&key).cloned()),
+            )),
+            (Ok(records), None) => Ok(AuthorityOk::Committed { records }),
+            (Err(e), _) => Err(e),
+        }
+    }
+
+    /// Proposes `cmd` and waits for its outcome, bounded by `write_timeout_ms`.
+    pub(super) async fn write(
+        &self,
+        cmd: AuthorityCommand,
+        on_behalf_of: Option<LocalCaller>,
+    ) -> Result<Vec<shoal_proto::SignedLifecycle>, AuthorityError> {
+        let m = self.raft.metrics().borrow().clone();
+        if m.state != ServerState::Leader {
+            return Err(AuthorityError::NotLeader {
+                leader: self.leader_rpc_addr(),
+            });
+        }
+        if m.millis_since_quorum_ack
+            .is_some_and(|ms| ms > self.cfg.quorum_stale_ms)
+        {
+            return Err(AuthorityError::NoQuorum);
+        }
+        let retry = match &cmd {
+            AuthorityCommand::Transition { key, instance, .. } => {
+                Some((key.clone(), instance.clone()))
+            }
+            _ => None,
+        };
+        let proposal = Proposal {
+            cmd,
+            proposed_at_ms: wall_ms(),
+            on_behalf_of,
+        };
+        let timeout = Duration::from_millis(self.cfg.write_timeout_ms);
+        let res = match tokio::time::timeout(timeout, self.raft.client_write(proposal)).await {
+            Err(_) => return Err(AuthorityError::NoQuorum),
+            Ok(r) => r,
+        };
+        match res {
+            Ok(resp) => match resp.data {
+                Ok(records) => Ok(records),
+                Err(Refusal::AlreadyInState(_)) if retry.is_some() => {
+                    let (key, instance) = retry.expect("checked");
+                    counter!("shoal_authority_refusals_total", "code" => "already_in_state")
+                        .increment(1);
+                    Ok(self.sm.with_state(|s| {
+                        s.binding(&key, &instance)
+                            .map(|b| vec![b.current().clone()])
+                            .unwrap_or_default()
+                    }))
+                }
+                Err(refusal) => {
+                    let code = refusal_code(&refusal);
+                    counter!("shoal_authority_refusals_total", "code" => code).increment(1);
+                    Err(AuthorityError::Refused {
+                        code: code.to_string(),
+                        reason: refusal.to_string(),
+                    })
+                }
+            },
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(AuthorityError::NotLeader {
+                    leader: f.leader_node.map(|n| n.rpc_addr),
+                })
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "client_write failed");
+                Err(AuthorityError::NoQuorum)
+            }
+        }
+    }
+
+    pub(super) fn audit_rejected(
+        &self,
+        peer: &NodeIdentity,
+        on_behalf_of: Option<&LocalCaller>,
+        cmd: &AuthorityCommand,
+        e: &AuthorityError,
+    ) {
+        self.audit_line(&serde_json::json!({
+            "rpc_rejected": {
+                "at_ms": wall_ms(),
+                "peer": peer.node_id.as_str(),
+                "on_behalf_of": on_behalf_of,
+                "command": format!("{cmd:?}"),
+                "error": e.to_string(),
+            }
+        }));
+    }
+
+    /// Appends one JSON line to this replica's `audit.log` (RPC-layer events; applied
+    /// commands are audited by the state machine).
+    pub(super) fn audit_line(&self, line: &serde_json::Value) {
+        if let Some(f) = self.audit.lock().expect("audit lock").as_mut() {
+            use std::io::Write;
+            if let Err(e) = writeln!(f, "{line}") {
+                tracing::error!(error = %e, "audit.log append failed");
+            }
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! [`MeshIo`]: the one place a daemon's mesh core meets its transport.
+//!
+//! The loop every driver runs (agent `driver.rs`, authority `member.rs`):
+//!
+//! ```text
+//!   transport inbound ──► feed_inbound ─┐
+//!   timer_due()       ──► fire_due ─────┤   Mesh::handle_*   ──►  collect  ──► dispatch
+//!   host commands     ──► (host code) ──┘                           │            │
+//!                                                   transmits ──────┘──► send (errors counted)
+//!                                                   timers    ──────────► TimerQueue
+//!                                                   events    ──────────► returned to the host
+//! ```
+//!
+//! [`MeshIo::collect`] takes only the mesh, so a host that keeps its mesh behind a lock (the
+//! agent) drains under the lock and sends after releasing it; a host that owns its mesh (the
+//! authority member) calls [`MeshIo::pump`].
+//!
+//! Polling order: the three outputs are independent queues; none has to be drained first.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use shoal_catalog::Verifier;
+use shoal_mesh::{Channel, Mesh, MeshEvent, MeshTimer, Transmit};
+use shoal_transport::transport::{Channel as TChannel, Inbound, Transport, TransportCounters};
+
+use crate::clock::MonoClock;
+use crate::timers::TimerQueue;
+
+/// How long the LEAVE announcement gets to go out before the transport closes, ms.
+pub const LEAVE_GRACE_MS: u64 = 100;
+
+/// Everything the core had queued after one input (see [`MeshIo::collect`]).
+#[derive(Debug, Default)]
+#[must_use = "outputs that are not dispatched are lost"]
+pub struct Outputs {
+    transmits: Vec<Transmit>,
+    timers: Vec<(u64, MeshTimer)>,
+    events: Vec<MeshEvent>,
+}
+
+impl Outputs {
+    /// True when the core had nothing queued.
+    pub fn is_empty(&self) -> bool {
+        self.transmits.is_empty() && self.timers.is_empty() && self.events.is_empty()
+    }
+}
+
+/// The transport, the timer queue and the clock of one mesh member.
+#[derive(Debug)]
+pub struct MeshIo {
+    transport: Transport,
+    timers: TimerQueue,
+    clock: MonoClock,
+    send_errors: u64,
+}
+
+impl MeshIo {
+    /// Wraps a bound transport; `clock` is the monotonic clock every input is stamped with.
+    pub fn new(transport: Transport, clock: MonoClock) -> Self {
+        Self {
+            transport,
+            timers: TimerQueue::new(),
+            clock,
+            send_errors: 0,
+        }
+    }
+
+    /// The transport (identity, counters, direct sends of non-mesh messages).
+    pub fn transport(&self) -> &Transport {
+        &self.transport
+    }
+
+    /// The transport's counters.
+    pub fn transport_counters(&self) -> TransportCounters {
+        self.transport.counters()
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> MonoClock {
+        self.clock
+    }
+
+    /// Monotonic ms now.
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// Mesh transmits the transport refused since start (queue full, oversize, shut down;
+    /// the transport's own counters say which).
+    pub fn send_errors(&self) -> u64 {
+        self.send_errors
+    }
+
+    /// Timers queued.
+    pub fn timers_queued(&self) -> usize {
+        self.timers.len()
+    }
+
+    /// Takes every queued output of `mesh`. No IO: cheap enough to call under a lock.
+    pub fn collect<V: Verifier>(mesh: &mut Mesh<V>) -> Outputs {
+        let mut out = Outputs::default();
+        while let Some(t) = mesh.poll_transmit() {
+            out.transmits.push(t);
+        }
+        while let Some(t) = mesh.poll_timer() {
+            out.timers.push(t);
+        }
+        while let Some(e) = mesh.poll_event() {
+            out.events.push(e);
+        }
+        out
+    }
+
+    /// Sends the transmits (a refused send is counted in [`send_errors`](Self::send_errors);
+    /// SWIM and anti-entropy repair what is lost), queues the timers and returns the events
+    /// for the host, in the order the core produced them.
+    #[must_use = "the events are the host's to handle"]
+    pub fn dispatch(&mut self, out: Outputs) -> Vec<MeshEvent> {
+        for t in out.transmits {
+            let sent = match t.channel {
+                Channel::Datagram => self.transport.send_datagram(t.to, t.bytes),
+                Channel::Stream => self.transport.send_stream_message(t.to, t.bytes),
+            };
+            if sent.is_err() {
+                self.send_errors += 1;
+            }
+        }
+        for (at, timer) in out.timers {
+            self.timers.push(at, timer);
+        }
+        out.events
+    }
+
+    /// Feeds one input to an owned mesh at the current time and dispatches what it produced:
+    /// `(input's result, events)`.
+    pub fn pump<V: Verifier, R>(
+        &mut self,
+        mesh: &mut Mesh<V>,
+        input: impl FnOnce(&mut Mesh<V>, u64) -> R,
+    ) -> (R, Vec<MeshEvent>) {
+        let r = input(mesh, self.now_ms());
+        let out = Self::collect(mesh);
+        (r, self.dispatch(out))
+    }
+
+    /// Hands one inbound transport message to the mesh (datagrams are SWIM, stream messages
+    /// are records). The caller has already taken out any stream kind that is not the mesh's.
+    pub fn feed_inbound<V: Verifier>(mesh: &mut Mesh<V>, now_ms: u64, msg: &Inbound) {
+        match msg.channel {
+            TChannel::Datagram => mesh.handle_datagram(now_ms, msg.from, &msg.bytes),
+            TChannel::Stream => mesh.handle_stream_message(now_ms, msg.from, &msg.bytes),
+        }
+    }
+
+    /// Removes the earliest timer due at `now_ms`. Fire due timers one at a time and dispatch
+    /// after each: a timer's outputs may arm an earlier one.
+    pub fn pop_due(&mut self, now_ms: u64) -> Option<MeshTimer> {
+        self.timers.pop_due(now_ms)
+    }
+
+    /// Resolves at the earliest timer's deadline; never while no timer is queued. For a
+    /// `tokio::select!` branch (it borrows `self` only until it is polled to completion).
+    pub fn timer_due(&self) -> impl Future<Output = ()> {
+        let at = self.timers.next_deadline().map(|ms| self.clock.at(ms));
+        async move {
+            match at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    /// Sends a non-mesh stream message (the agent's authority RPC) on the same endpoint.
+    ///
+    /// # Errors
+    /// The transport's [`SendError`](shoal_transport::transport::SendError).
+    pub fn send_stream(
+        &self,
+        to: SocketAddr,
+        bytes: Vec<u8>,
+    ) -> Result<(), shoal_transport::transport::SendError> {
+        self.transport.send_stream_message(to, bytes)
+    }
+
+    /// The tail of a graceful leave: the host has fed `Command::Leave` and dispatched its
+    /// outputs; this gives the LEAVE datagrams [`LEAVE_GRACE_MS`] to go out, then closes the
+    /// transport.
+    pub async fn close(self) {
+        tokio::time::sleep(Duration::from_millis(LEAVE_GRACE_MS)).await;
+        self.transport.shutdown().await;
+    }
+}
