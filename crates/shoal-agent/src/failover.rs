@@ -14,7 +14,6 @@
 //! and service, and past `max_snapshot_age_s` degraded or refused as the policy says. A
 //! service without policy never leaves its region.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -22,7 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use metrics::{counter, gauge};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use shoal_catalog::remote::RemoteSummaries;
+use shoal_catalog::failover::FailoverState;
 use shoal_proto::rpc::{AuthorityOk, AuthorityRequestBody};
 use shoal_proto::summary::SummaryEndpoint;
 use shoal_proto::{
@@ -33,8 +32,6 @@ use crate::state::Shared;
 
 /// File in the data dir holding the last verified global policy (postcard).
 pub const POLICY_FILE: &str = "global-policy.bin";
-/// Most services whose cross-region request rate one agent tracks (older windows are reset).
-pub const MAX_RATE_WINDOWS: usize = 8_192;
 
 /// `[failover]` of the agent config.
 #[derive(Debug, Clone, Deserialize)]
@@ -80,107 +77,37 @@ pub fn parse_policy_keys(keys: &[String]) -> Result<TrustedKeys, String> {
     Ok(out)
 }
 
-/// Which tier answered a pick.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Tier {
-    /// An endpoint in the caller's zone.
-    Zone,
-    /// An endpoint in the caller's region, another zone.
-    Region,
-    /// An endpoint of another region, by policy.
-    Failover(Region),
-}
+pub use shoal_catalog::failover::{local_tier, NoFailover, RemotePick, Tier, MAX_RATE_WINDOWS};
 
-impl Tier {
-    /// `zone`, `region` or `failover:<region>`.
-    pub fn label(&self) -> String {
-        match self {
-            Self::Zone => "zone".into(),
-            Self::Region => "region".into(),
-            Self::Failover(r) => format!("failover:{r}"),
-        }
-    }
-}
-
-/// A failover answer.
-#[derive(Debug, Clone)]
-pub struct RemotePick {
-    /// The region that answered.
-    pub region: Region,
-    /// The endpoint, as the remote region's authority summarised it.
-    pub endpoint: SummaryEndpoint,
-    /// Summary age at pick time, ms (agent wall clock minus the summary's `generated_at_ms`).
-    pub age_ms: u64,
-    /// Past `max_snapshot_age_s` with `on_stale = Degrade`.
-    pub degraded: bool,
-    /// The policy is read-only.
-    pub read_only: bool,
-    /// The remote region's revision head the summary reflects.
-    pub summary_revision: u64,
-}
-
-/// Why no failover answer was given (the pick answers an explicit "no backend").
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NoFailover {
-    /// No global policy lists the service (or it lists no other region): it never leaves its
-    /// region.
-    NoPolicy,
-    /// The caller stated write intent and the policy is read-only.
-    ReadOnly,
-    /// `max_cross_region_rps` reached in this second.
-    Capped {
-        /// The cap.
-        rps: u32,
-    },
-    /// Every allowed region's summary is older than `max_snapshot_age_s` and the policy
-    /// refuses stale answers.
-    TooOld,
-    /// No allowed region has a routable endpoint in its last summary (or none was received).
-    NoRemoteEndpoint,
-}
-
-impl NoFailover {
-    /// Metric label.
-    pub fn as_label(&self) -> &'static str {
-        match self {
-            Self::NoPolicy => "no_policy",
-            Self::ReadOnly => "read_only",
-            Self::Capped { .. } => "capped",
-            Self::TooOld => "too_old",
-            Self::NoRemoteEndpoint => "no_remote_endpoint",
-        }
-    }
-
-    /// `error` and `detail` of the no-backend answer.
-    pub fn message(&self) -> (&'static str, String) {
-        match self {
-            Self::NoPolicy => (
-                "no backend",
-                "no READY, healthy, non-ejected endpoint in this region, and no policy allows \
-                 failover for this service"
-                    .into(),
-            ),
-            Self::ReadOnly => (
-                "no backend: failover is read-only",
-                "no endpoint in this region; the policy allows only read-only failover and the \
-                 caller stated write intent"
-                    .into(),
-            ),
-            Self::Capped { rps } => (
-                "no backend: failover capped",
-                format!("no endpoint in this region; max_cross_region_rps ({rps}) reached"),
-            ),
-            Self::TooOld => (
-                "no backend: failover summaries too old",
-                "no endpoint in this region; every allowed region's summary is older than \
-                 max_snapshot_age_s and the policy refuses stale answers"
-                    .into(),
-            ),
-            Self::NoRemoteEndpoint => (
-                "no backend",
-                "no endpoint in this region nor in the policy's failover regions".into(),
-            ),
-        }
+/// `error` and `detail` of the no-backend answer for `why`.
+pub fn message(why: &NoFailover) -> (&'static str, String) {
+    match why {
+        NoFailover::NoPolicy => (
+            "no backend",
+            "no READY, healthy, non-ejected endpoint in this region, and no policy allows \
+             failover for this service"
+                .into(),
+        ),
+        NoFailover::ReadOnly => (
+            "no backend: failover is read-only",
+            "no endpoint in this region; the policy allows only read-only failover and the \
+             caller stated write intent"
+                .into(),
+        ),
+        NoFailover::Capped { rps } => (
+            "no backend: failover capped",
+            format!("no endpoint in this region; max_cross_region_rps ({rps}) reached"),
+        ),
+        NoFailover::TooOld => (
+            "no backend: failover summaries too old",
+            "no endpoint in this region; every allowed region's summary is older than \
+             max_snapshot_age_s and the policy refuses stale answers"
+                .into(),
+        ),
+        NoFailover::NoRemoteEndpoint => (
+            "no backend",
+            "no endpoint in this region nor in the policy's failover regions".into(),
+        ),
     }
 }
 
@@ -197,19 +124,14 @@ pub struct XdsRegion {
     pub endpoints: Vec<SummaryEndpoint>,
 }
 
-struct Inner {
-    policy: Option<Arc<SignedGlobalPolicy>>,
-    remote: RemoteSummaries,
-    /// Per service: (second, requests sent cross-region in it).
-    windows: HashMap<ServiceKey, (u64, u32)>,
-}
-
-/// The agent's failover state (see the module docs).
+/// The agent's failover state (see the module docs): the pure
+/// [`FailoverState`] (one copy of the pick logic, shared with the simulator) under a mutex,
+/// plus persistence and metrics.
 pub struct Failover {
     region: Region,
     policy_keys: TrustedKeys,
     data_dir: PathBuf,
-    inner: Mutex<Inner>,
+    inner: Mutex<FailoverState>,
 }
 
 impl std::fmt::Debug for Failover {
@@ -234,22 +156,23 @@ impl Failover {
             region: region.clone(),
             policy_keys,
             data_dir: data_dir.to_path_buf(),
-            inner: Mutex::new(Inner {
-                policy: None,
-                remote: RemoteSummaries::new(region),
-                windows: HashMap::new(),
-            }),
+            inner: Mutex::new(FailoverState::new(region)),
         };
         let path = f.data_dir.join(POLICY_FILE);
         if let Ok(bytes) = std::fs::read(&path) {
-            match postcard::from_bytes::<SignedGlobalPolicy>(&bytes)
+            let loaded = postcard::from_bytes::<SignedGlobalPolicy>(&bytes)
                 .map_err(|e| e.to_string())
-                .and_then(|p| p.verify(&f.policy_keys).map(|()| p))
-            {
-                Ok(p) => {
-                    tracing::info!(version = p.policy.version, "persisted global policy loaded");
-                    f.inner.lock().expect("failover").policy = Some(Arc::new(p));
-                }
+                .and_then(|p| {
+                    let version = p.policy.version;
+                    f.inner
+                        .lock()
+                        .expect("failover")
+                        .offer_policy(Arc::new(p), &f.policy_keys)
+                        .map(|()| version)
+                        .map_err(|e| e.to_string())
+                });
+            match loaded {
+                Ok(version) => tracing::info!(version, "persisted global policy loaded"),
                 Err(e) => {
                     counter!("shoal_global_policy_rejected_total").increment(1);
                     tracing::error!(file = %path.display(), error = %e, "persisted global policy refused; ignored");
@@ -261,8 +184,7 @@ impl Failover {
 
     /// The held global policy version (0: none).
     pub fn policy_version(&self) -> u64 {
-        let inner = self.inner.lock().expect("failover");
-        inner.policy.as_ref().map_or(0, |p| p.policy.version)
+        self.inner.lock().expect("failover").policy_version()
     }
 
     /// Applies one failover feed: a newer policy (verified, persisted) and summaries
@@ -275,19 +197,19 @@ impl Failover {
         now_ms: u64,
     ) -> (bool, usize) {
         let mut inner = self.inner.lock().expect("failover");
-        let held = inner.policy.as_ref().map_or(0, |p| p.policy.version);
+        let held = inner.policy_version();
         let mut changed = false;
         if let Some(p) = policy.filter(|p| p.policy.version > held) {
-            match p.verify(&self.policy_keys) {
+            let p = Arc::new(p);
+            match inner.offer_policy(Arc::clone(&p), &self.policy_keys) {
                 Ok(()) => {
-                    let bytes = postcard::to_allocvec(&p).expect("plain data");
+                    let bytes = postcard::to_allocvec(&*p).expect("plain data");
                     if let Err(e) =
                         crate::keys::write_atomic(&self.data_dir.join(POLICY_FILE), &bytes, 0o600)
                     {
                         tracing::warn!(error = %e, "persisting the global policy failed (kept in memory)");
                     }
                     tracing::info!(version = p.policy.version, "global policy applied");
-                    inner.policy = Some(Arc::new(p));
                     changed = true;
                 }
                 Err(e) => {
@@ -296,13 +218,12 @@ impl Failover {
                 }
             }
         }
-        let Some(policy) = inner.policy.clone() else {
+        if inner.policy().is_none() {
             return (changed, 0);
-        };
+        }
         let mut kept = 0;
         for s in summaries {
-            let keys = policy.policy.region_keys(&s.summary.region);
-            match inner.remote.offer(Arc::new(s), &keys, now_ms) {
+            match inner.offer_summary(Arc::new(s), now_ms) {
                 Ok(()) => kept += 1,
                 Err(shoal_catalog::remote::OfferError::NotNewer) => {}
                 Err(e) => {
@@ -312,15 +233,7 @@ impl Failover {
                 }
             }
         }
-        let me = self.region.clone();
-        inner.remote.retain(|r, k| {
-            r != &me
-                && policy
-                    .policy
-                    .service(k)
-                    .is_some_and(|p| p.allowed_failover_regions.contains(r))
-        });
-        gauge!("shoal_remote_summaries").set(inner.remote.len() as f64);
+        gauge!("shoal_remote_summaries").set(inner.remote().len() as f64);
         (changed, kept)
     }
 
@@ -356,69 +269,10 @@ impl Failover {
         r: u64,
         now_wall_ms: u64,
     ) -> Result<RemotePick, NoFailover> {
-        let mut inner = self.inner.lock().expect("failover");
-        let policy = inner.policy.clone().ok_or(NoFailover::NoPolicy)?;
-        let sp = policy.policy.service(key).ok_or(NoFailover::NoPolicy)?;
-        let targets: Vec<&Region> = sp
-            .allowed_failover_regions
-            .iter()
-            .filter(|r| **r != self.region)
-            .collect();
-        if targets.is_empty() {
-            return Err(NoFailover::NoPolicy);
-        }
-        let read_only = sp.mode == FailoverMode::ReadOnly;
-        if write && read_only {
-            return Err(NoFailover::ReadOnly);
-        }
-        let max_age_ms = sp.max_snapshot_age_s.map(|s| u64::from(s) * 1_000);
-        let mut too_old = false;
-        let mut chosen = None;
-        for region in targets {
-            let Some(held) = inner.remote.get(region, key) else {
-                continue;
-            };
-            let s = &held.signed.summary;
-            let age_ms = now_wall_ms.saturating_sub(s.generated_at_ms);
-            let stale = max_age_ms.is_some_and(|m| age_ms > m);
-            if stale && sp.on_stale == StaleAction::Refuse {
-                too_old = true;
-                continue;
-            }
-            let Some(endpoint) = weighted(&s.endpoints, r) else {
-                continue;
-            };
-            chosen = Some(RemotePick {
-                region: region.clone(),
-                endpoint: endpoint.clone(),
-                age_ms,
-                degraded: stale,
-                read_only,
-                summary_revision: s.revision.0,
-            });
-            break;
-        }
-        let Some(pick) = chosen else {
-            return Err(if too_old {
-                NoFailover::TooOld
-            } else {
-                NoFailover::NoRemoteEndpoint
-            });
-        };
-        if let Some(rps) = sp.max_cross_region_rps {
-            if inner.windows.len() >= MAX_RATE_WINDOWS && !inner.windows.contains_key(key) {
-                inner.windows.retain(|_, (sec, _)| *sec == now_s);
-            }
-            let w = inner.windows.entry(key.clone()).or_insert((now_s, 0));
-            if w.0 != now_s {
-                *w = (now_s, 0);
-            }
-            if w.1 >= rps {
-                return Err(NoFailover::Capped { rps });
-            }
-            w.1 += 1;
-        }
-        Ok(pick)
+        self.inner
+            .lock()
+            .expect("failover")
+            .pick_remote(key, write, now_s, now_wall_ms, r)
     }
 
     /// What the xDS view serves of failover (`crate::xds`): per service with a policy that
@@ -428,7 +282,7 @@ impl Failover {
     /// per-agent `max_cross_region_rps` cap cannot apply to a client that balances itself.
     pub fn xds_regions(&self) -> Vec<(ServiceKey, Vec<XdsRegion>)> {
         let inner = self.inner.lock().expect("failover");
-        let Some(policy) = inner.policy.clone() else {
+        let Some(policy) = inner.policy().cloned() else {
             return Vec::new();
         };
         let now = wall_ms();
@@ -443,7 +297,7 @@ impl Failover {
                 .iter()
                 .filter(|r| **r != self.region)
             {
-                let held = inner.remote.get(region, &gs.key);
+                let held = inner.remote().get(region, &gs.key);
                 let stale = held.is_some_and(|h| {
                     let age = now.saturating_sub(h.signed.summary.generated_at_ms);
                     max_age_ms.is_some_and(|m| age > m)
@@ -472,7 +326,7 @@ impl Failover {
         let inner = self.inner.lock().expect("failover");
         let now = wall_ms();
         let summaries: Vec<Value> = inner
-            .remote
+            .remote()
             .iter()
             .map(|h| {
                 let s = &h.signed.summary;
@@ -489,28 +343,11 @@ impl Failover {
             .collect();
         json!({
             "region": self.region.to_string(),
-            "policy_version": inner.policy.as_ref().map_or(0, |p| p.policy.version),
-            "services_with_policy": inner.policy.as_ref().map_or(0, |p| p.policy.services.len()),
+            "policy_version": inner.policy_version(),
+            "services_with_policy": inner.policy().map_or(0, |p| p.policy.services.len()),
             "summaries": summaries,
         })
     }
-}
-
-/// Weighted choice among summary endpoints (`None` when empty).
-fn weighted(endpoints: &[SummaryEndpoint], r: u64) -> Option<&SummaryEndpoint> {
-    let total: u64 = endpoints.iter().map(|e| u64::from(e.endpoint.weight)).sum();
-    if total == 0 {
-        return None;
-    }
-    let mut point = r % total;
-    for e in endpoints {
-        let w = u64::from(e.endpoint.weight);
-        if point < w {
-            return Some(e);
-        }
-        point -= w;
-    }
-    None
 }
 
 /// Splits `intent=read|write` off a pick's raw query (the rest goes to the ordinary parser).
@@ -585,15 +422,6 @@ pub fn endpoint_json(p: &RemotePick) -> Value {
     })
 }
 
-/// The tier of a local pick: `zone` when the endpoint is in the caller's zone, else `region`.
-pub fn local_tier(endpoint_zone: &shoal_proto::Zone, my_zone: &shoal_proto::Zone) -> Tier {
-    if endpoint_zone == my_zone {
-        Tier::Zone
-    } else {
-        Tier::Region
-    }
-}
-
 /// Fills a pick answer's body with a failover pick: `tier`, `read_only`, `endpoint`.
 pub fn answer_json(body: &mut serde_json::Map<String, Value>, p: &RemotePick) {
     body.insert(
@@ -615,6 +443,8 @@ pub async fn status(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shoal_proto::summary::SummaryEndpoint;
+    use shoal_proto::{FailoverMode, StaleAction};
     use shoal_proto::{
         GlobalPolicy, GlobalServicePolicy, RegionKeys, RegionSummary, Revision, ServicePolicy,
         SigningKey,
@@ -773,6 +603,47 @@ mod tests {
     }
 
     #[test]
+    fn the_persisted_policy_is_loaded_at_start() {
+        let pk = SigningKey::from_seed([42; 32]);
+        let mut trusted = TrustedKeys::new();
+        trusted.insert(pk.verifying_key());
+        let dir = tempfile::tempdir().unwrap();
+        let doc = pk.sign_global_policy(GlobalPolicy {
+            version: 4,
+            issued_at_ms: 0,
+            regions: Vec::new(),
+            services: Vec::new(),
+        });
+        std::fs::write(
+            dir.path().join(POLICY_FILE),
+            postcard::to_allocvec(&doc).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            Failover::new(region("r1"), trusted, dir.path()).policy_version(),
+            4
+        );
+        let mut other = TrustedKeys::new();
+        other.insert(SigningKey::from_seed([1; 32]).verifying_key());
+        assert_eq!(
+            Failover::new(region("r1"), other, dir.path()).policy_version(),
+            0,
+            "a file signed by an untrusted key is ignored"
+        );
+    }
+
+    #[test]
+    fn intent_is_split_off_the_query() {
+        assert_eq!(take_intent(None), Ok((false, None)));
+        assert_eq!(
+            take_intent(Some("intent=write&zone=z1".into())),
+            Ok((true, Some("zone=z1".into())))
+        );
+        assert_eq!(take_intent(Some("intent=read".into())), Ok((false, None)));
+        assert!(take_intent(Some("intent=delete".into())).is_err());
+    }
+
+    #[test]
     fn xds_regions_follow_the_policy_order_and_leave_out_refused_stale_ones() {
         let (f, _) = agent(policy(FailoverMode::ReadOnly, None, StaleAction::Degrade));
         let now = wall_ms();
@@ -812,46 +683,5 @@ mod tests {
         let names: Vec<String> = got[0].1.iter().map(|r| r.region.to_string()).collect();
         assert_eq!(names, vec!["r2"], "refuse: the stale region is not served");
         assert!(!got[0].1[0].read_only);
-    }
-
-    #[test]
-    fn the_persisted_policy_is_loaded_at_start() {
-        let pk = SigningKey::from_seed([42; 32]);
-        let mut trusted = TrustedKeys::new();
-        trusted.insert(pk.verifying_key());
-        let dir = tempfile::tempdir().unwrap();
-        let doc = pk.sign_global_policy(GlobalPolicy {
-            version: 4,
-            issued_at_ms: 0,
-            regions: Vec::new(),
-            services: Vec::new(),
-        });
-        std::fs::write(
-            dir.path().join(POLICY_FILE),
-            postcard::to_allocvec(&doc).unwrap(),
-        )
-        .unwrap();
-        assert_eq!(
-            Failover::new(region("r1"), trusted, dir.path()).policy_version(),
-            4
-        );
-        let mut other = TrustedKeys::new();
-        other.insert(SigningKey::from_seed([1; 32]).verifying_key());
-        assert_eq!(
-            Failover::new(region("r1"), other, dir.path()).policy_version(),
-            0,
-            "a file signed by an untrusted key is ignored"
-        );
-    }
-
-    #[test]
-    fn intent_is_split_off_the_query() {
-        assert_eq!(take_intent(None), Ok((false, None)));
-        assert_eq!(
-            take_intent(Some("intent=write&zone=z1".into())),
-            Ok((true, Some("zone=z1".into())))
-        );
-        assert_eq!(take_intent(Some("intent=read".into())), Ok((false, None)));
-        assert!(take_intent(Some("intent=delete".into())).is_err());
     }
 }

@@ -229,9 +229,11 @@ impl FailoverState {
         if !allowed && s.region != self.region {
             return Err(OfferError::NotAllowed);
         }
-        let keys = policy.policy.region_keys(&s.region);
-        self.remote
-            .offer_checked(signed, now_ms, |s| verify(s, &keys))
+        // The keys are decoded only for a summary that would be kept (most offers are
+        // repeats of the held one).
+        self.remote.offer_checked(signed, now_ms, |s| {
+            verify(s, &policy.policy.region_keys(&s.summary.region))
+        })
     }
 
     fn retain_allowed(&mut self) {
@@ -344,4 +346,114 @@ fn weighted(endpoints: &[SummaryEndpoint], r: u64) -> Option<&SummaryEndpoint> {
         point -= w;
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shoal_proto::summary::SummaryEndpoint;
+    use shoal_proto::{
+        Generation, GlobalPolicy, GlobalServicePolicy, InstanceId, NodeId, RegionKeys,
+        RegionSummary, Revision, ServicePolicy, SigningKey,
+    };
+
+    fn region(s: &str) -> Region {
+        Region::new(s).unwrap()
+    }
+    fn key() -> ServiceKey {
+        "prod/web/http".parse().unwrap()
+    }
+    fn region_key(n: u8) -> SigningKey {
+        SigningKey::from_seed([n; 32])
+    }
+
+    /// An agent of r1 whose policy lets prod/web/http fail over to r2 only, capped at 1 rps.
+    fn state() -> FailoverState {
+        let pk = SigningKey::from_seed([42; 32]);
+        let mut trusted = TrustedKeys::new();
+        trusted.insert(pk.verifying_key());
+        let doc = pk.sign_global_policy(GlobalPolicy {
+            version: 1,
+            issued_at_ms: 0,
+            regions: (1..=3)
+                .map(|i| RegionKeys {
+                    region: region(&format!("r{i}")),
+                    authority_keys: vec![region_key(i).verifying_key().to_bytes()],
+                })
+                .collect(),
+            services: vec![GlobalServicePolicy {
+                key: key(),
+                policy: ServicePolicy {
+                    allowed_failover_regions: vec![region("r2")],
+                    mode: FailoverMode::ReadOnly,
+                    max_cross_region_rps: Some(1),
+                    max_snapshot_age_s: None,
+                    on_stale: StaleAction::Degrade,
+                },
+            }],
+        });
+        let mut st = FailoverState::new(region("r1"));
+        assert_eq!(
+            st.pick_remote(&key(), false, 0, 0, 0).unwrap_err(),
+            NoFailover::NoPolicy
+        );
+        let doc = Arc::new(doc);
+        st.offer_policy(Arc::clone(&doc), &trusted).unwrap();
+        assert!(matches!(
+            st.offer_policy(doc, &trusted),
+            Err(PolicyRefused::NotNewer { .. })
+        ));
+        st
+    }
+
+    fn summary(r: u8, at_ms: u64) -> Arc<SignedSummary> {
+        Arc::new(region_key(r).sign_summary(RegionSummary {
+            region: region(&format!("r{r}")),
+            key: key(),
+            revision: Revision(at_ms),
+            generated_at_ms: at_ms,
+            routable_total: 1,
+            endpoints: vec![SummaryEndpoint {
+                instance: InstanceId::new(format!("r{r}-0")).unwrap(),
+                generation: Generation(1),
+                node: NodeId::new(format!("r{r}-a")).unwrap(),
+                endpoint: crate::testkit::Fixture::spec(0),
+            }],
+        }))
+    }
+
+    #[test]
+    fn only_the_policy_regions_are_held_and_the_answer_is_capped_per_second() {
+        let mut st = state();
+        assert_eq!(
+            st.offer_summary(summary(3, 10), 0),
+            Err(OfferError::NotAllowed),
+            "r3 is not in the policy"
+        );
+        assert!(matches!(
+            st.offer_summary(summary(1, 10), 0),
+            Err(OfferError::OwnRegion(_))
+        ));
+        assert_eq!(st.offer_summary(summary(2, 10), 0), Ok(()));
+        assert_eq!(
+            st.pick_remote(&key(), true, 0, 20, 0).unwrap_err(),
+            NoFailover::ReadOnly
+        );
+        let p = st.pick_remote(&key(), false, 5, 20, 0).unwrap();
+        assert_eq!((p.region.as_str(), p.age_ms, p.read_only), ("r2", 10, true));
+        assert_eq!(
+            st.pick_remote(&key(), false, 5, 20, 0).unwrap_err(),
+            NoFailover::Capped { rps: 1 }
+        );
+        assert!(
+            st.pick_remote(&key(), false, 6, 20, 0).is_ok(),
+            "a new second"
+        );
+        st.forget_summaries();
+        assert_eq!(
+            st.pick_remote(&key(), false, 7, 20, 0).unwrap_err(),
+            NoFailover::NoRemoteEndpoint
+        );
+        assert_eq!(st.policy_version(), 1, "the policy survives a restart");
+    }
 }

@@ -202,7 +202,7 @@ pub(super) async fn pick(
                 }
                 Err(why) => {
                     counter!("shoal_no_backend_total", "service" => key.to_string()).increment(1);
-                    let (error, detail) = why.message();
+                    let (error, detail) = crate::failover::message(&why);
                     body.insert("error".into(), json!(error));
                     body.insert("reason".into(), json!(why.as_label()));
                     body.insert("detail".into(), json!(detail));

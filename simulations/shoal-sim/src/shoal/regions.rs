@@ -620,7 +620,7 @@ impl ShoalHarness {
     /// One tick: on the feed grid, this slot's agents pull their feed; this pick slot's
     /// agents call every regional service once (each agent every `1 / picks_per_agent_per_s`).
     fn region_tick(&mut self, st: &mut Regions, world: &World<ShoalNode>, now: u64, tick: u64) {
-        if tick % FEED_TICK_MS == 0 {
+        if tick.is_multiple_of(FEED_TICK_MS) {
             let slots = st.feed_slots[0].len() as u64;
             let slot = ((tick / FEED_TICK_MS) % slots) as usize;
             for region in 0..self.region_names.len() as u16 {
