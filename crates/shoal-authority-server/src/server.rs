@@ -1,9 +1,9 @@
 //! One authority replica: Raft node, agent RPC server, leader duties, metrics.
 //!
 //! # Requests
-//! Agents (and operator tools) send [`AuthorityRequest`]s as stream messages to the replica's
-//! `rpc_addr`. The caller is the peer certificate's node id: [`Caller::Operator`] when it
-//! starts with `operator-` or is listed in `operators`, else [`Caller::Node`].
+//! Agents (and operator tools) send [`AuthorityRequest`](shoal_proto::rpc::AuthorityRequest)s as stream messages to the replica's
+//! `rpc_addr`. The caller is the peer certificate's node id: [`Caller::Operator`](shoal_authority::Caller::Operator) when it
+//! starts with `operator-` or is listed in `operators`, else [`Caller::Node`](shoal_authority::Caller::Node).
 //! - **Writes** (`Register`, `Transition`, `PutPolicy`) are leader-only. A follower answers
 //!   `NotLeader { leader: <leader rpc_addr> }` (no forwarding: the agent retries at the leader,
 //!   one hop, and the follower never holds a request it cannot commit). A leader that has not

@@ -147,7 +147,7 @@ pub enum StateError {
 ///   are down, as etcd checkpoints remaining lease time, etcd-io/etcd#9888);
 /// - a new leader's first command, [`AuthorityCommand::LeaderTakeover`] at its own `now_ms`,
 ///   restarts every down node's lease clock at `now_ms`, keeps its carried downtime, and adds
-///   the [`LeaseCredit`]: the time the new leader's own clock measured since it applied the
+///   the [`LeaseCredit`](crate::command::LeaseCredit): the time the new leader's own clock measured since it applied the
 ///   latest checkpoint (only for nodes that checkpoint counted). Later `NodeDown` times are
 ///   floored at `now_ms`.
 ///
@@ -339,7 +339,7 @@ impl AuthorityState {
     }
 
     /// The lease checkpoint counter: a new leader measures the time since it applied this one
-    /// (see [`LeaseCredit`]).
+    /// (see [`LeaseCredit`](crate::command::LeaseCredit)).
     pub fn lease_checkpoint(&self) -> u64 {
         self.lease_checkpoint
     }
