@@ -198,8 +198,9 @@ wait_for "Prometheus scraped node-1" bash -c "curl -sf '$P/query?query=up' | jq 
 # Bounded polls, not single reads: a freshly started Prometheus answered an instant query
 # with no sample once right after its first scrape.
 wait_for "Prometheus: shoal_build_info via PromQL" bash -c "curl -sf '$P/query?query=shoal_build_info' | jq -e '.data.result[0].value[1] == \"1\"'"
-wait_for "Prometheus holds target metadata" bash -c "curl -sfG '$P/targets/metadata' --data-urlencode 'match_target={job=\"shoal-agent\"}' | jq -e '.data | length > 20'"
-curl -sf "$P/targets/metadata" --data-urlencode 'match_target={job="shoal-agent"}' -G > prom-metadata.json
+# One bounded poll that both fetches and checks: a single later read failed once in CI
+# (curl exit 22 right after the poll had succeeded).
+wait_for "Prometheus holds target metadata" bash -c "curl -sfG '$P/targets/metadata' --data-urlencode 'match_target={job=\"shoal-agent\"}' > prom-metadata.json && jq -e '.data | length > 20' prom-metadata.json"
 n=0
 while read -r m; do
   [[ $(jq -r --arg m "$m" '[.data[] | select(.metric == $m and .type != "unknown" and .help != "")] | length' prom-metadata.json) == 1 ]] \
