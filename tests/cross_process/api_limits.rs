@@ -270,4 +270,27 @@ fn half_open_flood_does_not_starve_other_callers_or_persistence() {
     // The agent still serves everyone afterwards.
     let (code, _) = curl_as(a, &agent.socket, "GET", &format!("{SVC}/pick"), None);
     assert_eq!(code, 200);
+
+    // Picks of services nobody registered are "no backend" under one bounded label: a caller
+    // naming random services cannot grow the metric's label set.
+    let before = metric_sum(
+        &metrics_text(METRICS),
+        "shoal_no_backend_total",
+        &[("service", "_unknown")],
+    );
+    for i in 0..20 {
+        let path = format!("/v1/services/prod/nosuch-{i}/http/pick");
+        let (code, v) = curl_as(b, &agent.socket, "GET", &path, None);
+        assert_eq!(code, 503, "{path}: {v}");
+    }
+    let m = metrics_text(METRICS);
+    assert_eq!(
+        metric_sum(&m, "shoal_no_backend_total", &[("service", "_unknown")]) - before,
+        20.0,
+        "{m}"
+    );
+    assert!(
+        !m.contains("nosuch-"),
+        "a random service name became a label: {m}"
+    );
 }

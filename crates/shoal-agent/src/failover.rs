@@ -182,6 +182,15 @@ impl Failover {
         f
     }
 
+    /// Whether the held global policy names `key` (a service that may fail over).
+    pub fn has_policy(&self, key: &ServiceKey) -> bool {
+        self.inner
+            .lock()
+            .expect("failover")
+            .policy()
+            .is_some_and(|p| p.policy.services.iter().any(|s| &s.key == key))
+    }
+
     /// The held global policy version (0: none).
     pub fn policy_version(&self) -> u64 {
         self.inner.lock().expect("failover").policy_version()

@@ -35,7 +35,7 @@ const COUNTERS: &[(&str, &str)] = &[
     ("shoal_mesh_bytes_total", "Mesh stream bytes by direction and message kind."),
     ("shoal_mesh_messages_total", "Mesh stream messages by direction and message kind."),
     ("shoal_mesh_overflow_total", "Mesh queue overflows by queue (outbox, transmit, event); the item is dropped."),
-    ("shoal_no_backend_total", "Pick requests answered \"no backend\" (503), by service."),
+    ("shoal_no_backend_total", "Pick requests answered \"no backend\" (503), by service (\"_unknown\" for a service neither in the catalog nor in the policy)."),
     ("shoal_persist_total", "Snapshot persistence attempts by result."),
     ("shoal_probe_exec_total", "Exec probe incidents by result (spawn_error, timeout_killed)."),
     ("shoal_probes_total", "Health probes run, by kind and result."),

@@ -139,6 +139,10 @@ pub(super) async fn endpoints(
     ))
 }
 
+/// The `service` label of `shoal_no_backend_total` for a service neither in the catalog nor in
+/// the global policy.
+pub const UNKNOWN_SERVICE_LABEL: &str = "_unknown";
+
 pub(super) async fn pick(
     State(shared): State<Arc<Shared>>,
     Extension(who): Extension<LocalCaller>,
@@ -152,7 +156,7 @@ pub(super) async fn pick(
     let q = parse_query(raw)?;
     let r = Jitter::new().next_u64();
     let index = shared.index.service(&key);
-    let picked = {
+    let (picked, known) = {
         let now = shared.now_ms();
         let mesh = shared.mesh.read().expect("mesh lock");
         let ej = shared.ejections.lock().expect("ejections");
@@ -166,12 +170,14 @@ pub(super) async fn pick(
             .catalog()
             .routable(&key, &liveness)
             .filter(|e| q.matches(&EndpointView::of(e, &liveness)));
-        view::pick(candidates, &shared.cfg.region, &shared.cfg.zone, false, r).map(|e| {
-            (
-                EndpointView::of(e, &liveness),
-                RecordTimes::of(&key, e, &times),
-            )
-        })
+        let picked =
+            view::pick(candidates, &shared.cfg.region, &shared.cfg.zone, false, r).map(|e| {
+                (
+                    EndpointView::of(e, &liveness),
+                    RecordTimes::of(&key, e, &times),
+                )
+            });
+        (picked, mesh.catalog().service(&key).is_some())
     };
     let mut body = freshness(&shared, index);
     body.insert("service".into(), json!(key.to_string()));
@@ -201,7 +207,14 @@ pub(super) async fn pick(
                     ))
                 }
                 Err(why) => {
-                    counter!("shoal_no_backend_total", "service" => key.to_string()).increment(1);
+                    // A caller may name any service: only one the catalog or the policy knows
+                    // gets its own label, so requests cannot grow the label set without bound.
+                    let label = if known || shared.failover.has_policy(&key) {
+                        key.to_string()
+                    } else {
+                        UNKNOWN_SERVICE_LABEL.to_owned()
+                    };
+                    counter!("shoal_no_backend_total", "service" => label).increment(1);
                     let (error, detail) = crate::failover::message(&why);
                     body.insert("error".into(), json!(error));
                     body.insert("reason".into(), json!(why.as_label()));
