@@ -44,9 +44,12 @@ use crate::state::{DriverCmd, Shared, Status};
 /// Start-up failures (config, certificates, data dir, socket). Once running, errors are
 /// counted and logged, never fatal.
 pub async fn run(cfg: Validated) -> anyhow::Result<()> {
-    let shutdown = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
+    // Installed now, not when `shutdown` is first polled: that happens only after READY=1 is
+    // sent, and a SIGTERM in between would kill the process with the default action, without
+    // STOPPING=1 or the graceful leave (seen once in CI).
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("SIGTERM handler")?;
+    let shutdown = async move {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
