@@ -12,11 +12,13 @@
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 
-use shoal_authority::{ApplyContext, AuthorityCommand, AuthorityState, Caller, Refusal};
+use shoal_authority::{
+    ApplyContext, AuthorityCommand, AuthorityState, Caller, Query, Refusal, Routed, WriteAnswer,
+};
 use shoal_proto::rpc::{
     AuthorityError, AuthorityOk, AuthorityRequestBody, AuthorityStatus, LocalCaller,
 };
-use shoal_proto::{NodeId, Region, SignedLifecycle, SigningKey};
+use shoal_proto::{NodeId, Region, SigningKey};
 
 use crate::keys::write_atomic;
 
@@ -42,23 +44,6 @@ pub struct DevAuthority {
     path: PathBuf,
     audit_path: PathBuf,
     audit_failed_logged: bool,
-}
-
-/// A stable code for a refusal (`AuthorityError::Refused::code`).
-pub fn refusal_code(r: &Refusal) -> &'static str {
-    match r {
-        Refusal::NotOwner { .. } => "not_owner",
-        Refusal::UnknownInstance => "unknown_instance",
-        Refusal::StaleGeneration { .. } => "stale_generation",
-        Refusal::UnknownGeneration { .. } => "unknown_generation",
-        Refusal::IllegalTransition { .. } => "illegal_transition",
-        Refusal::AlreadyInState(_) => "already_in_state",
-        Refusal::Expired => "expired",
-        Refusal::InvalidRequest(_) => "invalid_request",
-        Refusal::NotAllowed => "not_allowed",
-        Refusal::CapacityExhausted { .. } => "capacity_exhausted",
-        Refusal::NodeRevoked { .. } => "node_revoked",
-    }
 }
 
 impl DevAuthority {
@@ -108,95 +93,18 @@ impl DevAuthority {
         body: AuthorityRequestBody,
         on_behalf_of: Option<LocalCaller>,
     ) -> Result<AuthorityOk, AuthorityError> {
-        // Same rule as the replicated authority without a configured operator list: an
-        // `operator-*` certificate is an operator.
-        let caller = if caller.as_str().starts_with("operator-") {
-            Caller::Operator
-        } else {
-            Caller::Node(caller)
+        // The replicated authority's rules (shoal_authority::request), with no configured
+        // operator list: an `operator-*` certificate is an operator.
+        let caller = Caller::of_certificate(&caller, &std::collections::BTreeSet::new());
+        let (cmd, answer) = match shoal_authority::route(caller, body) {
+            Routed::Write { cmd, answer } => (cmd, answer),
+            Routed::Query(q) => return self.query(q),
         };
-        let cmd = match body {
-            AuthorityRequestBody::Register {
-                key,
-                instance,
-                on_node,
-                endpoint,
-                lease_ms,
-            } => AuthorityCommand::Register {
-                caller,
-                key,
-                instance,
-                on_node,
-                endpoint,
-                lease_ms,
-            },
-            AuthorityRequestBody::Transition {
-                key,
-                instance,
-                generation,
-                to,
-                reason,
-            } => AuthorityCommand::Transition {
-                caller,
-                key,
-                instance,
-                generation,
-                to,
-                reason,
-            },
-            AuthorityRequestBody::GetPolicy { key } => {
-                return Ok(AuthorityOk::Policy(self.state.policy(&key).cloned()))
-            }
-            AuthorityRequestBody::PutPolicy { key, policy } => AuthorityCommand::PutPolicy {
-                caller,
-                key,
-                policy,
-            },
-            AuthorityRequestBody::BindNodeKey { key } => {
-                AuthorityCommand::BindNodeKey { caller, key }
-            }
-            AuthorityRequestBody::RevokeNode { node } => {
-                AuthorityCommand::RevokeNode { caller, node }
-            }
-            AuthorityRequestBody::ReadmitNode { node } => {
-                AuthorityCommand::ReadmitNode { caller, node }
-            }
-            AuthorityRequestBody::Members(_) => {
-                return Err(AuthorityError::Invalid(
-                    "the development authority has no replica set".into(),
-                ))
-            }
-            AuthorityRequestBody::PutGlobalPolicy { .. }
-            | AuthorityRequestBody::RegionSummaries { .. } => {
-                return Err(AuthorityError::Invalid(
-                    "the development authority holds no global policy (ADR 0013)".into(),
-                ))
-            }
-            AuthorityRequestBody::GetGlobalPolicy => return Ok(AuthorityOk::GlobalPolicy(None)),
-            AuthorityRequestBody::FailoverFeed { .. } => {
-                return Ok(AuthorityOk::Summaries {
-                    summaries: Vec::new(),
-                    policy: None,
-                })
-            }
-            AuthorityRequestBody::Status => {
-                return Ok(AuthorityOk::Status(AuthorityStatus {
-                    node: self.node.clone(),
-                    leader: Some(self.node.clone()),
-                    term: 0,
-                    applied_index: self.state.last_applied_index(),
-                    revision: self.state.head_revision(),
-                    members: vec![self.node.clone()],
-                    cluster_id: None,
-                }))
-            }
-        };
-        let retried = match &cmd {
-            AuthorityCommand::Transition { key, instance, .. } => {
-                Some((key.clone(), instance.clone()))
-            }
-            _ => None,
-        };
+        if matches!(cmd, AuthorityCommand::PutGlobalPolicy { .. }) {
+            return Err(AuthorityError::Invalid(
+                "the development authority holds no global policy (ADR 0013)".into(),
+            ));
+        }
         let committed_at_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
@@ -206,24 +114,63 @@ impl DevAuthority {
             committed_at_ms,
             signing_key: &self.key,
         };
+        let retry_of = cmd.clone();
         let result = self.state.apply_on_behalf(cmd, ctx, on_behalf_of);
         self.save();
         self.append_audit();
-        match result {
-            Ok(records) => Ok(AuthorityOk::Committed { records }),
-            Err(Refusal::AlreadyInState(_)) => {
-                // Idempotent retry: answer with the current record.
-                let current: Vec<SignedLifecycle> = retried
-                    .and_then(|(k, i)| self.state.binding(&k, &i).map(|b| b.current().clone()))
-                    .into_iter()
-                    .collect();
-                Ok(AuthorityOk::Committed { records: current })
+        let records = match result {
+            Ok(records) => records,
+            Err(r @ Refusal::AlreadyInState(_)) => {
+                // A retry of a write that committed: answer with the committed record.
+                self.state
+                    .retry_answer(&retry_of)
+                    .ok_or_else(|| AuthorityError::Refused {
+                        code: r.code().to_owned(),
+                        reason: r.to_string(),
+                    })?
             }
-            Err(r) => Err(AuthorityError::Refused {
-                code: refusal_code(&r).to_owned(),
-                reason: r.to_string(),
+            Err(r) => {
+                return Err(AuthorityError::Refused {
+                    code: r.code().to_owned(),
+                    reason: r.to_string(),
+                })
+            }
+        };
+        Ok(match answer {
+            WriteAnswer::Records | WriteAnswer::GlobalPolicy => AuthorityOk::Committed { records },
+            WriteAnswer::Policy(key) => AuthorityOk::Policy(self.state.policy(&key).cloned()),
+        })
+    }
+
+    /// Answers a request no command stands for, as a single replica with no other regions.
+    fn query(&self, q: Query) -> Result<AuthorityOk, AuthorityError> {
+        Ok(match q {
+            Query::GetPolicy(key) => AuthorityOk::Policy(self.state.policy(&key).cloned()),
+            Query::GetGlobalPolicy => AuthorityOk::GlobalPolicy(None),
+            Query::FailoverFeed { .. } => AuthorityOk::Summaries {
+                summaries: Vec::new(),
+                policy: None,
+            },
+            Query::Members(_) => {
+                return Err(AuthorityError::Invalid(
+                    "the development authority has no replica set".into(),
+                ))
+            }
+            Query::RegionSummaries { .. } => {
+                return Err(AuthorityError::Invalid(
+                    "the development authority holds no global policy (ADR 0013)".into(),
+                ))
+            }
+            Query::Status => AuthorityOk::Status(AuthorityStatus {
+                node: self.node.clone(),
+                leader: Some(self.node.clone()),
+                term: 0,
+                applied_index: self.state.last_applied_index(),
+                revision: self.state.head_revision(),
+                members: vec![self.node.clone()],
+                cluster_id: None,
             }),
-        }
+        })
     }
 
     fn append_audit(&mut self) {

@@ -61,7 +61,7 @@ mod membership;
 mod rpc;
 pub use leader::{liveness_plan, MAX_LIVENESS_PROPOSALS};
 pub use membership::{is_majority, MAX_CATCH_UP_MS};
-pub use rpc::{caller_of, refusal_code};
+pub use rpc::caller_of;
 
 /// Clock skew (ms) assumed between replicas' wall clocks when a new leader credits the time
 /// since the latest lease checkpoint by wall clock (NTP keeps hosts within a few ms).

@@ -14,6 +14,8 @@
 //! - [`state`]: [`AuthorityState`] and its one mutator, [`AuthorityState::apply`]; the lease
 //!   and leader-takeover rule is documented there.
 //! - [`refusal`]: why a command was refused ([`Refusal`]).
+//! - [`request`]: a wire request as a command or a query ([`route`]), shared by the replicated
+//!   and the development authority.
 //! - [`audit`]: the bounded audit log.
 //!
 //! ```
@@ -53,6 +55,7 @@ pub mod audit;
 pub mod caller;
 pub mod command;
 pub mod refusal;
+pub mod request;
 pub mod state;
 
 #[cfg(test)]
@@ -62,6 +65,7 @@ pub use audit::{AuditEntry, AuditLog, AuditOutcome, CommandSummary, DEFAULT_AUDI
 pub use caller::{Caller, CallerId, Scope, MAX_SCOPES};
 pub use command::{ApplyContext, AuthorityCommand, LeaseCredit};
 pub use refusal::{InvalidRequest, Refusal};
+pub use request::{route, Query, Routed, WriteAnswer, OPERATOR_PREFIX};
 pub use state::{
     AuthorityState, Binding, Incarnation, NodeKeyState, StateError, MAX_BINDINGS, MAX_DOWN_NODES,
     MAX_EXPIRE_BATCH, MAX_LEASE_MS, MAX_NODE_KEYS, MAX_POLICIES, MAX_REVOKED_KEYS, MIN_LEASE_MS,

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use metrics::{counter, histogram};
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::ServerState;
-use shoal_authority::{AuthorityCommand, Caller, Refusal};
+use shoal_authority::{AuthorityCommand, Caller, Query, Refusal, Routed, WriteAnswer};
 use shoal_proto::envelope::{self, MessageKind, MAX_STREAM_MESSAGE_BYTES};
 use shoal_proto::rpc::{
     AuthorityError, AuthorityOk, AuthorityReply, AuthorityRequest, AuthorityRequestBody,
@@ -23,31 +23,10 @@ use tokio::sync::mpsc;
 use super::{wall_ms, Replica};
 use crate::types::Proposal;
 
-/// Stable machine-readable code of a refusal (the `code` of `AuthorityError::Refused`).
-pub fn refusal_code(r: &Refusal) -> &'static str {
-    match r {
-        Refusal::NotOwner { .. } => "not_owner",
-        Refusal::UnknownInstance => "unknown_instance",
-        Refusal::StaleGeneration { .. } => "stale_generation",
-        Refusal::UnknownGeneration { .. } => "unknown_generation",
-        Refusal::IllegalTransition { .. } => "illegal_transition",
-        Refusal::AlreadyInState(_) => "already_in_state",
-        Refusal::Expired => "expired",
-        Refusal::InvalidRequest(_) => "invalid_request",
-        Refusal::NotAllowed => "not_allowed",
-        Refusal::CapacityExhausted { .. } => "capacity_exhausted",
-        Refusal::NodeRevoked { .. } => "node_revoked",
-    }
-}
-
-/// Maps a peer identity to the caller the state machine authorises.
+/// Maps a peer identity to the caller the state machine authorises
+/// ([`Caller::of_certificate`]).
 pub fn caller_of(peer: &NodeIdentity, operators: &BTreeSet<String>) -> Caller {
-    let id = peer.node_id.as_str();
-    if id.starts_with("operator-") || operators.contains(id) {
-        Caller::Operator
-    } else {
-        Caller::Node(peer.node_id.clone())
-    }
+    Caller::of_certificate(&peer.node_id, operators)
 }
 
 impl Replica {
@@ -137,94 +116,19 @@ impl Replica {
                 reason: "gateway identities (other regions' authorities) may only read".into(),
             });
         }
-        let (cmd, policy_key) = match body {
-            AuthorityRequestBody::Status => return Ok(AuthorityOk::Status(self.status())),
-            AuthorityRequestBody::Members(op) => return self.members(peer, &caller, op).await,
-            AuthorityRequestBody::GetGlobalPolicy => {
-                return Ok(AuthorityOk::GlobalPolicy(
-                    self.sm.with_state(|s| s.global_policy().cloned()),
-                ))
-            }
-            AuthorityRequestBody::RegionSummaries {
-                keys,
-                policy_version,
-            } => return Ok(self.regions.serve_summaries(keys, policy_version).await),
-            AuthorityRequestBody::FailoverFeed { policy_version } => {
-                return Ok(self.regions.feed(policy_version))
-            }
-            AuthorityRequestBody::PutGlobalPolicy { signed } => {
-                self.regions.verify_policy(&signed)?;
-                let cmd = AuthorityCommand::PutGlobalPolicy { caller, signed };
-                self.write(cmd, on_behalf_of).await?;
-                return Ok(AuthorityOk::GlobalPolicy(
-                    self.sm.with_state(|s| s.global_policy().cloned()),
-                ));
-            }
-            AuthorityRequestBody::GetPolicy { key } => {
-                return Ok(AuthorityOk::Policy(
-                    self.sm.with_state(|s| s.policy(&key).cloned()),
-                ))
-            }
-            AuthorityRequestBody::Register {
-                key,
-                instance,
-                on_node,
-                endpoint,
-                lease_ms,
-            } => (
-                AuthorityCommand::Register {
-                    caller,
-                    key,
-                    instance,
-                    on_node,
-                    endpoint,
-                    lease_ms,
-                },
-                None,
-            ),
-            AuthorityRequestBody::Transition {
-                key,
-                instance,
-                generation,
-                to,
-                reason,
-            } => (
-                AuthorityCommand::Transition {
-                    caller,
-                    key,
-                    instance,
-                    generation,
-                    to,
-                    reason,
-                },
-                None,
-            ),
-            AuthorityRequestBody::PutPolicy { key, policy } => (
-                AuthorityCommand::PutPolicy {
-                    caller,
-                    key: key.clone(),
-                    policy,
-                },
-                Some(key),
-            ),
-            AuthorityRequestBody::BindNodeKey { key } => {
-                if self.sm.with_state(
-                    |s| matches!(&caller, Caller::Node(n) if s.node_key(n) == Some(key)),
-                ) {
-                    // Every agent start: already bound, nothing to commit.
-                    return Ok(AuthorityOk::Committed {
-                        records: Vec::new(),
-                    });
-                }
-                (AuthorityCommand::BindNodeKey { caller, key }, None)
-            }
-            AuthorityRequestBody::RevokeNode { node } => {
-                (AuthorityCommand::RevokeNode { caller, node }, None)
-            }
-            AuthorityRequestBody::ReadmitNode { node } => {
-                (AuthorityCommand::ReadmitNode { caller, node }, None)
-            }
+        let (cmd, answer) = match shoal_authority::route(caller.clone(), body) {
+            Routed::Query(q) => return self.query(peer, &caller, q).await,
+            Routed::Write { cmd, answer } => (cmd, answer),
         };
+        if let AuthorityCommand::PutGlobalPolicy { signed, .. } = &cmd {
+            self.regions.verify_policy(signed)?;
+        }
+        if self.sm.with_state(|s| s.is_noop(&cmd)) {
+            // Every agent start binds the key already held: nothing to commit.
+            return Ok(AuthorityOk::Committed {
+                records: Vec::new(),
+            });
+        }
         let started = Instant::now();
         let res = self.write(cmd.clone(), on_behalf_of.clone()).await;
         let outcome = match &res {
@@ -244,13 +148,40 @@ impl Replica {
                 self.audit_rejected(peer, on_behalf_of.as_ref(), &cmd, e);
             }
         }
-        match (res, policy_key) {
-            (Ok(_), Some(key)) => Ok(AuthorityOk::Policy(
-                self.sm.with_state(|s| s.policy(&key).cloned()),
-            )),
-            (Ok(records), None) => Ok(AuthorityOk::Committed { records }),
-            (Err(e), _) => Err(e),
-        }
+        let records = res?;
+        Ok(match answer {
+            WriteAnswer::Records => AuthorityOk::Committed { records },
+            WriteAnswer::Policy(key) => {
+                AuthorityOk::Policy(self.sm.with_state(|s| s.policy(&key).cloned()))
+            }
+            WriteAnswer::GlobalPolicy => {
+                AuthorityOk::GlobalPolicy(self.sm.with_state(|s| s.global_policy().cloned()))
+            }
+        })
+    }
+
+    /// Answers a request no command stands for.
+    async fn query(
+        &self,
+        peer: &NodeIdentity,
+        caller: &Caller,
+        q: Query,
+    ) -> Result<AuthorityOk, AuthorityError> {
+        Ok(match q {
+            Query::Status => AuthorityOk::Status(self.status()),
+            Query::Members(op) => return self.members(peer, caller, op).await,
+            Query::GetGlobalPolicy => {
+                AuthorityOk::GlobalPolicy(self.sm.with_state(|s| s.global_policy().cloned()))
+            }
+            Query::GetPolicy(key) => {
+                AuthorityOk::Policy(self.sm.with_state(|s| s.policy(&key).cloned()))
+            }
+            Query::RegionSummaries {
+                keys,
+                policy_version,
+            } => self.regions.serve_summaries(keys, policy_version).await,
+            Query::FailoverFeed { policy_version } => self.regions.feed(policy_version),
+        })
     }
 
     /// Proposes `cmd` and waits for its outcome, bounded by `write_timeout_ms`.
@@ -270,12 +201,7 @@ impl Replica {
         {
             return Err(AuthorityError::NoQuorum);
         }
-        let retry = match &cmd {
-            AuthorityCommand::Transition { key, instance, .. } => {
-                Some((key.clone(), instance.clone()))
-            }
-            _ => None,
-        };
+        let retry_of = cmd.clone();
         let proposal = Proposal {
             cmd,
             proposed_at_ms: wall_ms(),
@@ -289,18 +215,19 @@ impl Replica {
         match res {
             Ok(resp) => match resp.data {
                 Ok(records) => Ok(records),
-                Err(Refusal::AlreadyInState(_)) if retry.is_some() => {
-                    let (key, instance) = retry.expect("checked");
-                    counter!("shoal_authority_refusals_total", "code" => "already_in_state")
+                Err(refusal @ Refusal::AlreadyInState(_)) => {
+                    counter!("shoal_authority_refusals_total", "code" => refusal.code())
                         .increment(1);
-                    Ok(self.sm.with_state(|s| {
-                        s.binding(&key, &instance)
-                            .map(|b| vec![b.current().clone()])
-                            .unwrap_or_default()
-                    }))
+                    match self.sm.with_state(|s| s.retry_answer(&retry_of)) {
+                        Some(records) => Ok(records),
+                        None => Err(AuthorityError::Refused {
+                            code: refusal.code().to_string(),
+                            reason: refusal.to_string(),
+                        }),
+                    }
                 }
                 Err(refusal) => {
-                    let code = refusal_code(&refusal);
+                    let code = refusal.code();
                     counter!("shoal_authority_refusals_total", "code" => code).increment(1);
                     Err(AuthorityError::Refused {
                         code: code.to_string(),
