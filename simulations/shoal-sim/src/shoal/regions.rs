@@ -849,11 +849,9 @@ impl ShoalHarness {
                 routable += 1;
             }
         }
-        let keep_pct = if registered == 0 {
-            0
-        } else {
-            (u64::from(factor) * routable / registered).min(100)
-        };
+        let keep_pct = (u64::from(factor) * routable)
+            .checked_div(registered)
+            .map_or(0, |v| v.min(100));
         let p = (100 - keep_pct) as f64 / 100.0;
         if keep_pct == 100 && spilled {
             st.c.spills_while_healthy += 1;
