@@ -12,7 +12,10 @@
 //! a pick, used only when the local region has no routable endpoint: the policy's regions in
 //! order, refused for write intent when read-only, capped at `max_cross_region_rps` per agent
 //! and service, and past `max_snapshot_age_s` degraded or refused as the policy says. A
-//! service without policy never leaves its region.
+//! service without policy never leaves its region. With a policy's
+//! `overprovisioning_factor_pct`, [`Failover::spill_remote`] also sends Envoy's priority-load
+//! share of the picks the region could answer to that tier (threshold failover); a spill the
+//! tier refuses is answered locally.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -77,7 +80,9 @@ pub fn parse_policy_keys(keys: &[String]) -> Result<TrustedKeys, String> {
     Ok(out)
 }
 
-pub use shoal_catalog::failover::{local_tier, NoFailover, RemotePick, Tier, MAX_RATE_WINDOWS};
+pub use shoal_catalog::failover::{
+    local_tier, LocalCapacity, NoFailover, RemotePick, Spill, Tier, MAX_RATE_WINDOWS,
+};
 
 /// `error` and `detail` of the no-backend answer for `why`.
 pub fn message(why: &NoFailover) -> (&'static str, String) {
@@ -109,6 +114,17 @@ pub fn message(why: &NoFailover) -> (&'static str, String) {
             "no endpoint in this region nor in the policy's failover regions".into(),
         ),
     }
+}
+
+/// One service with failover as the xDS view serves it ([`Failover::xds_regions`]).
+#[derive(Debug, Clone)]
+pub struct XdsService {
+    /// The service.
+    pub key: ServiceKey,
+    /// Its failover regions in policy order (the agent's own region skipped).
+    pub regions: Vec<XdsRegion>,
+    /// The policy's `overprovisioning_factor_pct` (`None`: all-or-nothing failover).
+    pub overprovisioning_factor_pct: Option<u32>,
 }
 
 /// One failover region of a service as the xDS view serves it ([`Failover::xds_regions`]).
@@ -270,6 +286,68 @@ impl Failover {
         res
     }
 
+    /// The held policy's `overprovisioning_factor_pct` for `key` (`None`: all-or-nothing, no
+    /// [`LocalCapacity`] needed).
+    pub fn overprovisioning_factor_pct(&self, key: &ServiceKey) -> Option<u32> {
+        self.inner
+            .lock()
+            .expect("failover")
+            .overprovisioning_factor_pct(key)
+    }
+
+    /// The threshold step of a pick the local region can answer: `Some` when it spilled to
+    /// the failover tier and that tier answered (counted in `shoal_failover_picks_total` and
+    /// `shoal_failover_spills_total{region}`), `None` to answer locally (no factor, the draw
+    /// kept it local, or the tier refused: `shoal_failover_spill_refused_total{reason}`).
+    /// `r` is the pick's random number for the weighted choice; the spill draw is its own.
+    pub fn spill_remote(
+        &self,
+        key: &ServiceKey,
+        capacity: LocalCapacity,
+        write: bool,
+        now_s: u64,
+        r: u64,
+    ) -> Option<RemotePick> {
+        let r_spill = crate::keys::Jitter::new().next_u64();
+        let res = self.spill_inner(key, capacity, write, now_s, r_spill, r, wall_ms());
+        match res {
+            Spill::Local => None,
+            Spill::Remote(p) => {
+                let region = p.region.to_string();
+                counter!("shoal_failover_picks_total", "region" => region.clone()).increment(1);
+                counter!("shoal_failover_spills_total", "region" => region).increment(1);
+                Some(p)
+            }
+            Spill::Refused(why) => {
+                counter!("shoal_failover_spill_refused_total", "reason" => why.as_label())
+                    .increment(1);
+                None
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn spill_inner(
+        &self,
+        key: &ServiceKey,
+        capacity: LocalCapacity,
+        write: bool,
+        now_s: u64,
+        r_spill: u64,
+        r: u64,
+        now_wall_ms: u64,
+    ) -> Spill {
+        self.inner.lock().expect("failover").spill_remote(
+            key,
+            capacity,
+            write,
+            now_s,
+            now_wall_ms,
+            r_spill,
+            r,
+        )
+    }
+
     fn pick_inner(
         &self,
         key: &ServiceKey,
@@ -289,7 +367,9 @@ impl Failover {
     /// endpoints of the held summary (none when no summary is held). A region whose summary is
     /// past `max_snapshot_age_s` under `on_stale = refuse` is left out, as in a pick; the
     /// per-agent `max_cross_region_rps` cap cannot apply to a client that balances itself.
-    pub fn xds_regions(&self) -> Vec<(ServiceKey, Vec<XdsRegion>)> {
+    /// With the policy's `overprovisioning_factor_pct`, the xDS assignment lists the regions
+    /// always and lets the client compute the spill (`shoal-xds`).
+    pub fn xds_regions(&self) -> Vec<XdsService> {
         let inner = self.inner.lock().expect("failover");
         let Some(policy) = inner.policy().cloned() else {
             return Vec::new();
@@ -324,7 +404,11 @@ impl Failover {
                 });
             }
             if !regions.is_empty() {
-                out.push((gs.key.clone(), regions));
+                out.push(XdsService {
+                    key: gs.key.clone(),
+                    regions,
+                    overprovisioning_factor_pct: sp.overprovisioning_factor_pct,
+                });
             }
         }
         out
@@ -500,6 +584,7 @@ mod tests {
             max_cross_region_rps: rps,
             max_snapshot_age_s: Some(10),
             on_stale,
+            overprovisioning_factor_pct: None,
         }
     }
 
@@ -664,9 +749,10 @@ mod tests {
         );
         let got = f.xds_regions();
         assert_eq!(got.len(), 1, "one service has a policy");
-        assert_eq!(got[0].0, key());
+        assert_eq!(got[0].key, key());
+        assert_eq!(got[0].overprovisioning_factor_pct, None);
         let regions: Vec<(String, bool, bool, usize)> = got[0]
-            .1
+            .regions
             .iter()
             .map(|r| {
                 (
@@ -689,8 +775,97 @@ mod tests {
             0,
         );
         let got = f.xds_regions();
-        let names: Vec<String> = got[0].1.iter().map(|r| r.region.to_string()).collect();
+        let names: Vec<String> = got[0]
+            .regions
+            .iter()
+            .map(|r| r.region.to_string())
+            .collect();
         assert_eq!(names, vec!["r2"], "refuse: the stale region is not served");
-        assert!(!got[0].1[0].read_only);
+        assert!(!got[0].regions[0].read_only);
+    }
+
+    #[test]
+    fn a_threshold_policy_spills_its_share_and_answers_locally_when_refused() {
+        let mut p = policy(FailoverMode::ReadOnly, None, StaleAction::Degrade);
+        p.overprovisioning_factor_pct = Some(140);
+        let (f, _) = agent(p);
+        assert_eq!(f.overprovisioning_factor_pct(&key()), Some(140));
+        assert_eq!(f.xds_regions()[0].overprovisioning_factor_pct, Some(140));
+        f.apply_feed(None, vec![summary(2, 1, NOW)], 0);
+        // 5 of 10 routable at 140 %: the region keeps 70 of every 100 draws.
+        let c = LocalCapacity {
+            routable: 5,
+            registered: 10,
+        };
+        let spilled = (0..100u64)
+            .filter(|&r| {
+                matches!(
+                    f.spill_inner(&key(), c, false, 0, r, 1, NOW),
+                    Spill::Remote(ref p) if p.region == region("r2") && p.read_only
+                )
+            })
+            .count();
+        assert_eq!(spilled, 30);
+        let refused = (0..100u64)
+            .filter(|&r| {
+                matches!(
+                    f.spill_inner(&key(), c, true, 0, r, 1, NOW),
+                    Spill::Refused(NoFailover::ReadOnly)
+                )
+            })
+            .count();
+        assert_eq!(
+            refused, 30,
+            "write intent: the spill is refused, never no backend"
+        );
+        let (plain, _) = agent(policy(FailoverMode::Writable, None, StaleAction::Degrade));
+        plain.apply_feed(None, vec![summary(2, 1, NOW)], 0);
+        assert!(
+            (0..100u64).all(|r| plain.spill_remote(&key(), c, false, 0, r).is_none()),
+            "no factor: all-or-nothing"
+        );
+    }
+
+    #[test]
+    fn a_persisted_policy_in_the_encoding_before_the_factor_is_refused_and_refetched() {
+        // The bytes an agent built before `overprovisioning_factor_pct` existed persisted: the
+        // same document without the field (one byte shorter per service at its end).
+        let pk = SigningKey::from_seed([42; 32]);
+        let mut trusted = TrustedKeys::new();
+        trusted.insert(pk.verifying_key());
+        let doc = pk.sign_global_policy(GlobalPolicy {
+            version: 3,
+            issued_at_ms: 0,
+            regions: Vec::new(),
+            services: vec![GlobalServicePolicy {
+                key: key(),
+                policy: policy(FailoverMode::Writable, None, StaleAction::Degrade),
+            }],
+        });
+        let new_bytes = postcard::to_allocvec(&doc).unwrap();
+        let mut old_bytes = new_bytes.clone();
+        // The service policy ends with `on_stale` then the `None` tag of the new field, right
+        // before the signer; drop that tag to get the old layout.
+        let sig_len = postcard::to_allocvec(&(doc.signer, doc.signature))
+            .unwrap()
+            .len();
+        let tag_at = new_bytes.len() - sig_len - 1;
+        assert_eq!(old_bytes.remove(tag_at), 0, "the None tag of the new field");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(POLICY_FILE), &old_bytes).unwrap();
+        let f = Failover::new(region("r1"), trusted, dir.path());
+        assert_eq!(
+            f.policy_version(),
+            0,
+            "the old file is refused, not misread"
+        );
+        // The feed pull asks with version 0, so the authority sends its document again.
+        assert_eq!(f.apply_feed(Some(doc), Vec::new(), 0), (true, 0));
+        assert_eq!(f.policy_version(), 3);
+        assert_eq!(
+            std::fs::read(dir.path().join(POLICY_FILE)).unwrap(),
+            new_bytes,
+            "re-persisted in the current encoding"
+        );
     }
 }

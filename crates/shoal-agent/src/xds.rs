@@ -21,7 +21,8 @@ pub const REFRESH_MS: u64 = 1_000;
 /// The xDS view of everything the agent holds right now: its region's catalog, plus, for each
 /// service whose global policy allows failover, the policy's regions in order with the
 /// endpoints of their held summaries (`shoal-xds` serves them only while the region has no
-/// healthy endpoint; docs/api/xds.md).
+/// healthy endpoint, or always with the policy's `overprovisioning_factor_pct`, which it
+/// serves as the assignment's overprovisioning factor; docs/api/xds.md).
 pub fn build_view(shared: &Shared) -> View {
     let remote = shared.failover.xds_regions();
     let now = shared.now_ms();
@@ -49,7 +50,12 @@ pub fn build_view(shared: &Shared) -> View {
     drop(ej);
     drop(mesh);
     let mut failover = std::collections::BTreeMap::new();
-    for (key, regions) in remote {
+    let mut overprovisioning_factor_pct = std::collections::BTreeMap::new();
+    for s in remote {
+        let (key, regions) = (s.key, s.regions);
+        if let Some(f) = s.overprovisioning_factor_pct {
+            overprovisioning_factor_pct.insert(key.clone(), f);
+        }
         let eps = services.entry(key.clone()).or_default();
         for r in &regions {
             eps.extend(r.endpoints.iter().map(|e| remote_endpoint(&r.region, e)));
@@ -68,6 +74,7 @@ pub fn build_view(shared: &Shared) -> View {
         version,
         services,
         failover,
+        overprovisioning_factor_pct,
     }
 }
 

@@ -14,8 +14,15 @@
 //!  "regions": [{"region": "r1", "authority_keys": ["<64 hex>"]}],
 //!  "services": [{"service": "prod/web/http", "allowed_failover_regions": ["r2", "r3"],
 //!                "mode": "read_only", "max_cross_region_rps": 200,
-//!                "max_snapshot_age_s": 600, "on_stale": "degrade"}]}
+//!                "max_snapshot_age_s": 600, "on_stale": "degrade",
+//!                "overprovisioning_factor_pct": 140}]}
 //! ```
+//!
+//! `overprovisioning_factor_pct` (optional, 100..=10000) turns on threshold failover: a pick
+//! spills to the failover regions with Envoy's priority-load share,
+//! `100 - min(100, factor * routable / registered)` % of the local region
+//! (<https://www.envoyproxy.io/docs/envoy/latest/intro/arch_overview/upstream/load_balancing/priority>;
+//! Envoy's default is 140). Absent: fail over only when the region has no routable endpoint.
 
 use std::path::PathBuf;
 
@@ -109,6 +116,8 @@ struct InputService {
     max_snapshot_age_s: Option<u32>,
     #[serde(default = "d_on_stale")]
     on_stale: String,
+    #[serde(default)]
+    overprovisioning_factor_pct: Option<u32>,
 }
 
 fn d_on_stale() -> String {
@@ -164,6 +173,7 @@ pub fn parse_document(text: &str, issued_at_ms: u64) -> anyhow::Result<GlobalPol
                 max_cross_region_rps: s.max_cross_region_rps,
                 max_snapshot_age_s: s.max_snapshot_age_s,
                 on_stale,
+                overprovisioning_factor_pct: s.overprovisioning_factor_pct,
             },
         });
     }
@@ -196,6 +206,7 @@ pub fn document_json(signed: &SignedGlobalPolicy) -> serde_json::Value {
             "max_cross_region_rps": s.policy.max_cross_region_rps,
             "max_snapshot_age_s": s.policy.max_snapshot_age_s,
             "on_stale": match s.policy.on_stale { StaleAction::Degrade => "degrade", StaleAction::Refuse => "refuse" },
+            "overprovisioning_factor_pct": s.policy.overprovisioning_factor_pct,
         })).collect::<Vec<_>>(),
     })
 }
@@ -261,4 +272,37 @@ pub async fn run(cmd: PolicyCmd) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(extra: &str) -> String {
+        let k = to_hex(&SigningKey::from_seed([3; 32]).verifying_key().to_bytes());
+        format!(
+            r#"{{"version": 2, "regions": [{{"region": "r1", "authority_keys": ["{k}"]}}],
+               "services": [{{"service": "prod/web/http", "allowed_failover_regions": ["r2"],
+                              "mode": "read_only"{extra}}}]}}"#
+        )
+    }
+
+    #[test]
+    fn the_overprovisioning_factor_is_parsed_range_checked_and_shown() {
+        let p = parse_document(&input(""), 0).unwrap();
+        assert_eq!(p.services[0].policy.overprovisioning_factor_pct, None);
+        let p = parse_document(&input(r#", "overprovisioning_factor_pct": 140"#), 0).unwrap();
+        assert_eq!(p.services[0].policy.overprovisioning_factor_pct, Some(140));
+        let shown = document_json(&SigningKey::from_seed([9; 32]).sign_global_policy(p));
+        assert_eq!(shown["services"][0]["overprovisioning_factor_pct"], 140);
+        let err = parse_document(&input(r#", "overprovisioning_factor_pct": 50"#), 0)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("prod/web/http")
+                && err.contains("overprovisioning_factor_pct must be 100..=10000"),
+            "{err}"
+        );
+        assert!(parse_document(&input(r#", "overprovisioning_factor_pct": -1"#), 0).is_err());
+    }
 }

@@ -11,6 +11,13 @@
 //! policy is read-only, capped at `max_cross_region_rps` per agent and service (a one-second
 //! window), and past `max_snapshot_age_s` served `degraded` or skipped as `on_stale` says. A
 //! service without policy never leaves its region.
+//!
+//! **Threshold failover** (a policy with `overprovisioning_factor_pct`): even when the region
+//! can answer, a pick spills to that same failover tier with Envoy's priority-load share,
+//! `100 - min(100, factor_pct * routable / registered)` percent ([`LocalCapacity`],
+//! [`FailoverState::spill_remote`]); a spill the failover tier refuses (read-only with write
+//! intent, capped, too old, nothing there) is answered locally, so a spill never turns an
+//! answerable pick into "no backend".
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,7 +27,9 @@ use shoal_proto::{
     FailoverMode, Region, ServiceKey, SignedGlobalPolicy, SignedSummary, StaleAction, TrustedKeys,
 };
 
+use crate::catalog::Catalog;
 use crate::remote::{OfferError, RemoteSummaries};
+use crate::view::Liveness;
 
 /// Most services whose cross-region request rate one agent tracks (older windows are reset).
 pub const MAX_RATE_WINDOWS: usize = 8_192;
@@ -104,6 +113,73 @@ impl NoFailover {
             Self::NoRemoteEndpoint => "no_remote_endpoint",
         }
     }
+}
+
+/// The caller's region's capacity for one service: what the spill decision of a threshold
+/// policy reads (Envoy's priority health, by endpoint count, not weight).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LocalCapacity {
+    /// Routable endpoints of the service in the caller's region (READY, health passing, owner
+    /// up, not ejected): what a local pick may answer.
+    pub routable: u32,
+    /// Registered endpoints of the service in the caller's region: every non-expired one
+    /// (STARTING, READY, DRAINING, whatever its health or owner), the xDS assignment's
+    /// endpoints of that region.
+    pub registered: u32,
+}
+
+impl LocalCapacity {
+    /// Counts `key`'s endpoints of `region` in `catalog` as `liveness` sees them.
+    pub fn of(
+        catalog: &Catalog,
+        key: &ServiceKey,
+        region: &Region,
+        liveness: &dyn Liveness,
+    ) -> Self {
+        let mut c = Self::default();
+        for e in catalog
+            .service(key)
+            .into_iter()
+            .flat_map(|s| s.instances.values())
+        {
+            let rec = &e.lifecycle().record;
+            if &rec.region != region || rec.state == shoal_proto::LifecycleState::Expired {
+                continue;
+            }
+            c.registered += 1;
+            c.routable += u32::from(crate::view::is_routable(e, liveness));
+        }
+        c
+    }
+
+    /// Envoy's priority health of the region, integer percent:
+    /// `min(100, factor_pct * routable / registered)` (floor), 0 with nothing registered.
+    /// It is the share of picks the region keeps; the rest spills to the failover tier.
+    pub fn local_share_pct(&self, factor_pct: u32) -> u32 {
+        if self.registered == 0 {
+            return 0;
+        }
+        let pct = u64::from(factor_pct) * u64::from(self.routable) / u64::from(self.registered);
+        pct.min(100) as u32
+    }
+
+    /// Whether one pick spills: `r_spill % 100 >= local_share_pct(factor_pct)`. `r_spill` is a
+    /// uniform random number of its own (not the one that chooses the endpoint, or the spill
+    /// and the endpoint choice would be correlated).
+    pub fn spills(&self, factor_pct: u32, r_spill: u64) -> bool {
+        r_spill % 100 >= u64::from(self.local_share_pct(factor_pct))
+    }
+}
+
+/// What [`FailoverState::spill_remote`] decided for a pick the region can answer.
+#[derive(Debug, Clone)]
+pub enum Spill {
+    /// Answer locally: the policy sets no factor, or the draw kept the pick in the region.
+    Local,
+    /// The pick spilled and the failover tier answered.
+    Remote(RemotePick),
+    /// The pick spilled but the failover tier refused (why): answer locally.
+    Refused(NoFailover),
 }
 
 /// Why a global policy document was not taken. The held one is unchanged.
@@ -250,8 +326,47 @@ impl FailoverState {
         });
     }
 
-    /// The failover tier of a pick for `key` (call it only when the local region has no
-    /// routable endpoint). `write` is the caller's stated write intent, `now_s` a monotonic
+    /// The held policy's `overprovisioning_factor_pct` for `key` (`None`: no policy, or
+    /// all-or-nothing failover): whether a pick needs [`LocalCapacity`] at all.
+    pub fn overprovisioning_factor_pct(&self, key: &ServiceKey) -> Option<u32> {
+        self.policy
+            .as_ref()?
+            .policy
+            .service(key)?
+            .overprovisioning_factor_pct
+    }
+
+    /// The threshold step of a pick the caller's region can answer (`capacity.routable > 0`):
+    /// with the policy's factor `f`, the pick spills with probability
+    /// `1 - min(100, f * routable / registered) / 100` ([`LocalCapacity::spills`], drawn with
+    /// `r_spill`) to [`Self::pick_remote`] (same tiers, caps and staleness rules, `r` for its
+    /// weighted choice). A refused spill is [`Spill::Refused`]: the caller answers locally.
+    /// Deterministic in its inputs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn spill_remote(
+        &mut self,
+        key: &ServiceKey,
+        capacity: LocalCapacity,
+        write: bool,
+        now_s: u64,
+        now_ms: u64,
+        r_spill: u64,
+        r: u64,
+    ) -> Spill {
+        let Some(factor) = self.overprovisioning_factor_pct(key) else {
+            return Spill::Local;
+        };
+        if !capacity.spills(factor, r_spill) {
+            return Spill::Local;
+        }
+        match self.pick_remote(key, write, now_s, now_ms, r) {
+            Ok(p) => Spill::Remote(p),
+            Err(why) => Spill::Refused(why),
+        }
+    }
+
+    /// The failover tier of a pick for `key` (call it when the local region has no
+    /// routable endpoint, or through [`Self::spill_remote`]). `write` is the caller's stated write intent, `now_s` a monotonic
     /// second for the rate window, `now_ms` the holder clock the summaries' age is measured
     /// with (the agent's wall clock, against `generated_at_ms`), `r` a random number for the
     /// weighted choice.
@@ -369,6 +484,11 @@ mod tests {
 
     /// An agent of r1 whose policy lets prod/web/http fail over to r2 only, capped at 1 rps.
     fn state() -> FailoverState {
+        state_with(Some(1), None)
+    }
+
+    /// As [`state`], with the cap and the overprovisioning factor given.
+    fn state_with(cap: Option<u32>, factor_pct: Option<u32>) -> FailoverState {
         let pk = SigningKey::from_seed([42; 32]);
         let mut trusted = TrustedKeys::new();
         trusted.insert(pk.verifying_key());
@@ -386,9 +506,10 @@ mod tests {
                 policy: ServicePolicy {
                     allowed_failover_regions: vec![region("r2")],
                     mode: FailoverMode::ReadOnly,
-                    max_cross_region_rps: Some(1),
+                    max_cross_region_rps: cap,
                     max_snapshot_age_s: None,
                     on_stale: StaleAction::Degrade,
+                    overprovisioning_factor_pct: factor_pct,
                 },
             }],
         });
@@ -455,5 +576,176 @@ mod tests {
             NoFailover::NoRemoteEndpoint
         );
         assert_eq!(st.policy_version(), 1, "the policy survives a restart");
+    }
+
+    #[test]
+    fn the_local_share_is_envoys_integer_priority_health() {
+        let cap = |routable, registered| LocalCapacity {
+            routable,
+            registered,
+        };
+        // (routable, registered, factor %) -> local share %.
+        for (routable, registered, factor, share) in [
+            (10, 10, 140, 100),
+            (8, 10, 140, 100), // 112 % capped: still fully healthy
+            (7, 10, 140, 98),
+            (5, 10, 140, 70), // Envoy's example: 50 % healthy keeps 70 % of the traffic
+            (3, 10, 140, 42),
+            (1, 10, 140, 14),
+            (0, 10, 140, 0),
+            (0, 0, 140, 0),
+            (1, 3, 100, 33), // floor, as Envoy's integer health
+            (2, 3, 100, 66),
+            (1, 100, 10_000, 100),
+        ] {
+            assert_eq!(
+                cap(routable, registered).local_share_pct(factor),
+                share,
+                "{routable}/{registered} at {factor} %"
+            );
+        }
+    }
+
+    #[test]
+    fn over_every_residue_the_spill_share_is_exactly_the_formula() {
+        for (routable, registered, factor, spilled_per_100) in [
+            (10u32, 10u32, 140u32, 0u64),
+            (3, 10, 140, 58),
+            (5, 10, 140, 30),
+            (7, 10, 140, 2),
+            (1, 3, 100, 67),
+            (0, 5, 140, 100),
+        ] {
+            let c = LocalCapacity {
+                routable,
+                registered,
+            };
+            // 10,000 consecutive draws cover every residue mod 100 exactly 100 times.
+            let base = 0x9E37_79B9_7F4A_7C15u64;
+            let spills = (0..10_000u64)
+                .filter(|i| c.spills(factor, base.wrapping_add(*i)))
+                .count() as u64;
+            assert_eq!(
+                spills,
+                spilled_per_100 * 100,
+                "{routable}/{registered} at {factor} %"
+            );
+        }
+    }
+
+    #[test]
+    fn a_spill_goes_to_the_failover_tier_and_a_refused_one_stays_local() {
+        let c = LocalCapacity {
+            routable: 3,
+            registered: 10,
+        };
+        // No factor: all-or-nothing, never a spill.
+        let mut st = state_with(None, None);
+        st.offer_summary(summary(2, 10), 0).unwrap();
+        assert_eq!(st.overprovisioning_factor_pct(&key()), None);
+        assert!((0..100)
+            .all(|r| matches!(st.spill_remote(&key(), c, false, 0, 20, r, r), Spill::Local)));
+        // Factor 140, 3 of 10 routable: 58 of every 100 draws spill, all answered by r2.
+        let mut st = state_with(None, Some(140));
+        assert_eq!(st.overprovisioning_factor_pct(&key()), Some(140));
+        let refused = (0..100)
+            .filter(|&r| {
+                matches!(
+                    st.spill_remote(&key(), c, false, 0, 20, r, r),
+                    Spill::Refused(NoFailover::NoRemoteEndpoint)
+                )
+            })
+            .count();
+        assert_eq!(
+            refused, 58,
+            "no summary held: every spill is refused (and answered locally)"
+        );
+        st.offer_summary(summary(2, 10), 0).unwrap();
+        let (mut local, mut remote) = (0, 0);
+        for r in 0..100 {
+            match st.spill_remote(&key(), c, false, 0, 20, r, r) {
+                Spill::Local => local += 1,
+                Spill::Remote(p) => {
+                    assert_eq!((p.region.as_str(), p.read_only), ("r2", true));
+                    remote += 1;
+                }
+                Spill::Refused(why) => panic!("refused: {why:?}"),
+            }
+        }
+        assert_eq!((local, remote), (42, 58));
+        // Write intent against a read-only policy: every spill refused, the pick stays local.
+        let refused = (0..100)
+            .filter(|&r| {
+                matches!(
+                    st.spill_remote(&key(), c, true, 0, 20, r, r),
+                    Spill::Refused(NoFailover::ReadOnly)
+                )
+            })
+            .count();
+        assert_eq!(refused, 58);
+        // The cap counts spills like any failover answer: one per second here.
+        let mut st = state_with(Some(1), Some(140));
+        st.offer_summary(summary(2, 10), 0).unwrap();
+        let outcomes: Vec<&str> = (0..100)
+            .map(|r| match st.spill_remote(&key(), c, false, 7, 20, r, r) {
+                Spill::Local => "local",
+                Spill::Remote(_) => "remote",
+                Spill::Refused(NoFailover::Capped { rps: 1 }) => "capped",
+                Spill::Refused(other) => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(outcomes.iter().filter(|o| **o == "remote").count(), 1);
+        assert_eq!(outcomes.iter().filter(|o| **o == "capped").count(), 57);
+        // A fully healthy region never spills.
+        let full = LocalCapacity {
+            routable: 10,
+            registered: 10,
+        };
+        assert!((0..100).all(|r| matches!(
+            st.spill_remote(&key(), full, false, 8, 20, r, r),
+            Spill::Local
+        )));
+    }
+
+    #[test]
+    fn local_capacity_counts_the_regions_non_expired_endpoints() {
+        use crate::catalog::Catalog;
+        use crate::testkit::Fixture;
+        use crate::view::AllAlive;
+        use shoal_proto::LifecycleState;
+        let fx = Fixture::new();
+        let mut c = Catalog::new();
+        for (i, (id, st)) in [
+            ("a", LifecycleState::Ready),
+            ("b", LifecycleState::Ready),
+            ("c", LifecycleState::Draining),
+            ("d", LifecycleState::Starting),
+            ("e", LifecycleState::Expired),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let rec = fx.lifecycle(id, 1, i as u64 + 1, st);
+            let _ = c.apply_lifecycle(Arc::new(rec), &fx.keyring);
+        }
+        assert_eq!(
+            LocalCapacity::of(&c, &fx.key, &fx.region, &AllAlive),
+            LocalCapacity {
+                routable: 2,
+                registered: 4
+            },
+            "the tombstone is not registered; DRAINING and STARTING are, not routable"
+        );
+        let down = |_: &shoal_proto::NodeId| true;
+        assert_eq!(
+            LocalCapacity::of(&c, &fx.key, &fx.region, &down).routable,
+            0,
+            "owner down"
+        );
+        assert_eq!(
+            LocalCapacity::of(&c, &fx.key, &region("elsewhere"), &AllAlive),
+            LocalCapacity::default(),
+            "another region's entries are not counted"
+        );
     }
 }

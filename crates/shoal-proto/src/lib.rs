@@ -32,7 +32,8 @@ pub use ids::{
 };
 pub use policy::{
     FailoverMode, GlobalPolicy, GlobalServicePolicy, PolicyError, PolicyRecord, RegionKeys,
-    ServicePolicy, SignedGlobalPolicy, StaleAction,
+    ServicePolicy, SignedGlobalPolicy, StaleAction, ENVOY_DEFAULT_OVERPROVISIONING_FACTOR_PCT,
+    MAX_OVERPROVISIONING_FACTOR_PCT, MIN_OVERPROVISIONING_FACTOR_PCT,
 };
 pub use record::{
     EndpointSpec, HealthRecord, HealthStatus, LabelDimension, Labels, LifecycleRecord,

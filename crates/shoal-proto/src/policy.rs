@@ -16,6 +16,16 @@ use crate::sign::{KeyId, SignatureBytes, TrustedKeys, VerifyingKey};
 /// Most failover regions one policy may list (there are 3 regions today; room to grow).
 pub const MAX_FAILOVER_REGIONS: usize = 16;
 
+/// Smallest [`ServicePolicy::overprovisioning_factor_pct`]: 100 (no overprovisioning: any
+/// unhealthy share of the region spills). Below 100 a fully healthy region would spill, which
+/// is not failover.
+pub const MIN_OVERPROVISIONING_FACTOR_PCT: u32 = 100;
+/// Largest [`ServicePolicy::overprovisioning_factor_pct`]: 10 000 (100x: spill only once
+/// fewer than 1 % of the region's registered endpoints are routable).
+pub const MAX_OVERPROVISIONING_FACTOR_PCT: u32 = 10_000;
+/// Envoy's default overprovisioning factor, percent (what `shoal policy sign` suggests).
+pub const ENVOY_DEFAULT_OVERPROVISIONING_FACTOR_PCT: u32 = 140;
+
 /// What cross-region callers may do against the failover target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum FailoverMode {
@@ -43,6 +53,17 @@ pub struct ServicePolicy {
     pub max_snapshot_age_s: Option<u32>,
     /// What an agent does with a failover answer older than `max_snapshot_age_s`.
     pub on_stale: StaleAction,
+    /// Threshold failover (Envoy's priority levels with an overprovisioning factor, in percent;
+    /// Envoy's default is 140:
+    /// <https://www.envoyproxy.io/docs/envoy/latest/intro/arch_overview/upstream/load_balancing/priority>).
+    /// `None`: all-or-nothing, the region fails over only when it has no routable endpoint
+    /// (Consul's prepared-query failover). `Some(f)`: a pick stays in the caller's region with
+    /// probability `min(100, f * routable / registered) %` (integer percent, as Envoy's
+    /// priority load; `registered` counts the region's non-expired endpoints of the service)
+    /// and otherwise spills to the failover tier (the policy's regions in order); a spill the
+    /// failover tier refuses is answered locally. Range
+    /// [`MIN_OVERPROVISIONING_FACTOR_PCT`]..=[`MAX_OVERPROVISIONING_FACTOR_PCT`].
+    pub overprovisioning_factor_pct: Option<u32>,
 }
 
 /// What to do with an answer older than [`ServicePolicy::max_snapshot_age_s`].
@@ -66,13 +87,21 @@ pub enum PolicyError {
     /// A region appears twice in the ordered list (its position would be ambiguous).
     #[error("failover region {0} appears more than once")]
     DuplicateRegion(Region),
+    /// `overprovisioning_factor_pct` outside
+    /// [`MIN_OVERPROVISIONING_FACTOR_PCT`]..=[`MAX_OVERPROVISIONING_FACTOR_PCT`].
+    #[error(
+        "overprovisioning_factor_pct must be {MIN_OVERPROVISIONING_FACTOR_PCT}..={MAX_OVERPROVISIONING_FACTOR_PCT} \
+         (percent; Envoy's default is {ENVOY_DEFAULT_OVERPROVISIONING_FACTOR_PCT}), got {0}"
+    )]
+    OverprovisioningFactor(u32),
 }
 
 impl ServicePolicy {
     /// Checks the bounds types cannot express.
     ///
     /// # Errors
-    /// [`PolicyError::TooManyRegions`] or [`PolicyError::DuplicateRegion`].
+    /// [`PolicyError::TooManyRegions`], [`PolicyError::DuplicateRegion`] or
+    /// [`PolicyError::OverprovisioningFactor`].
     pub fn validate(&self) -> Result<(), PolicyError> {
         let regions = &self.allowed_failover_regions;
         if regions.len() > MAX_FAILOVER_REGIONS {
@@ -83,6 +112,11 @@ impl ServicePolicy {
         for (i, r) in regions.iter().enumerate() {
             if regions[..i].contains(r) {
                 return Err(PolicyError::DuplicateRegion(r.clone()));
+            }
+        }
+        if let Some(f) = self.overprovisioning_factor_pct {
+            if !(MIN_OVERPROVISIONING_FACTOR_PCT..=MAX_OVERPROVISIONING_FACTOR_PCT).contains(&f) {
+                return Err(PolicyError::OverprovisioningFactor(f));
             }
         }
         Ok(())
@@ -304,6 +338,7 @@ mod tests {
             max_cross_region_rps: None,
             max_snapshot_age_s: Some(600),
             on_stale: StaleAction::Degrade,
+            overprovisioning_factor_pct: None,
         };
         assert_eq!(
             p.validate(),
@@ -313,6 +348,33 @@ mod tests {
         assert_eq!(p.validate(), Err(PolicyError::TooManyRegions { count: 17 }));
         p.allowed_failover_regions.truncate(16);
         assert_eq!(p.validate(), Ok(()));
+    }
+
+    #[test]
+    fn the_overprovisioning_factor_is_range_checked() {
+        let mut p = ServicePolicy {
+            allowed_failover_regions: vec![region("eu")],
+            mode: FailoverMode::ReadOnly,
+            max_cross_region_rps: None,
+            max_snapshot_age_s: None,
+            on_stale: StaleAction::Degrade,
+            overprovisioning_factor_pct: Some(99),
+        };
+        assert_eq!(p.validate(), Err(PolicyError::OverprovisioningFactor(99)));
+        let msg = p.validate().unwrap_err().to_string();
+        assert!(
+            msg.contains("100..=10000") && msg.contains("got 99"),
+            "{msg}"
+        );
+        p.overprovisioning_factor_pct = Some(10_001);
+        assert_eq!(
+            p.validate(),
+            Err(PolicyError::OverprovisioningFactor(10_001))
+        );
+        for ok in [100, ENVOY_DEFAULT_OVERPROVISIONING_FACTOR_PCT, 10_000] {
+            p.overprovisioning_factor_pct = Some(ok);
+            assert_eq!(p.validate(), Ok(()), "{ok}");
+        }
     }
 }
 
@@ -347,6 +409,7 @@ mod global_tests {
                     max_cross_region_rps: None,
                     max_snapshot_age_s: None,
                     on_stale: StaleAction::Degrade,
+                    overprovisioning_factor_pct: Some(140),
                 },
             }],
         }
@@ -384,6 +447,83 @@ mod global_tests {
         assert_eq!(
             unsorted.validate(),
             Err(GlobalPolicyError::NotSorted("regions"))
+        );
+    }
+
+    /// The encoding before `overprovisioning_factor_pct` existed (postcard is not
+    /// self-describing: the field is not optional on the wire).
+    mod old {
+        use super::*;
+        #[derive(Serialize)]
+        pub struct ServicePolicy {
+            pub allowed_failover_regions: Vec<Region>,
+            pub mode: FailoverMode,
+            pub max_cross_region_rps: Option<u32>,
+            pub max_snapshot_age_s: Option<u32>,
+            pub on_stale: StaleAction,
+        }
+        #[derive(Serialize)]
+        pub struct GlobalServicePolicy {
+            pub key: ServiceKey,
+            pub policy: ServicePolicy,
+        }
+        #[derive(Serialize)]
+        pub struct GlobalPolicy {
+            pub version: u64,
+            pub issued_at_ms: u64,
+            pub regions: Vec<RegionKeys>,
+            pub services: Vec<GlobalServicePolicy>,
+        }
+        #[derive(Serialize)]
+        pub struct SignedGlobalPolicy {
+            pub policy: GlobalPolicy,
+            pub signer: KeyId,
+            pub signature: SignatureBytes,
+        }
+    }
+
+    #[test]
+    fn a_document_signed_before_the_factor_existed_is_refused() {
+        let k = SigningKey::from_seed([9; 32]);
+        let mut trusted = TrustedKeys::new();
+        trusted.insert(k.verifying_key());
+        let new = k.sign_global_policy(doc());
+        let s = &new.policy.services[0];
+        let old = old::SignedGlobalPolicy {
+            policy: old::GlobalPolicy {
+                version: 1,
+                issued_at_ms: 0,
+                regions: new.policy.regions.clone(),
+                services: vec![old::GlobalServicePolicy {
+                    key: s.key.clone(),
+                    policy: old::ServicePolicy {
+                        allowed_failover_regions: s.policy.allowed_failover_regions.clone(),
+                        mode: s.policy.mode,
+                        max_cross_region_rps: s.policy.max_cross_region_rps,
+                        max_snapshot_age_s: s.policy.max_snapshot_age_s,
+                        on_stale: s.policy.on_stale,
+                    },
+                }],
+            },
+            signer: new.signer,
+            signature: new.signature,
+        };
+        let bytes = postcard::to_allocvec(&old).unwrap();
+        // Either it does not decode, or what it decodes to does not verify: never taken.
+        match postcard::from_bytes::<SignedGlobalPolicy>(&bytes) {
+            Err(_) => {}
+            Ok(p) => assert!(p.verify(&trusted).is_err()),
+        }
+        assert!(
+            postcard::from_bytes::<SignedGlobalPolicy>(&bytes).is_err(),
+            "this old document does not even decode"
+        );
+        let round = postcard::to_allocvec(&new).unwrap();
+        let back: SignedGlobalPolicy = postcard::from_bytes(&round).unwrap();
+        assert_eq!(back.verify(&trusted), Ok(()));
+        assert_eq!(
+            back.policy.services[0].policy.overprovisioning_factor_pct,
+            Some(140)
         );
     }
 }

@@ -120,24 +120,37 @@ pub struct View {
     /// Per service, the failover regions its policy allows, in policy order. A service
     /// without an entry never leaves the caller's region.
     pub failover: BTreeMap<ServiceKey, Vec<FailoverRegion>>,
+    /// Per service whose policy sets threshold failover, its `overprovisioning_factor_pct`
+    /// (Envoy's `ClusterLoadAssignment.policy.overprovisioning_factor`, percent): its
+    /// failover regions are then served always, and the client computes the spill from the
+    /// region's health (see [`crate::resources::load_assignment`]).
+    pub overprovisioning_factor_pct: BTreeMap<ServiceKey, u32>,
 }
 
 impl View {
     /// True when both views serve the same resources (the version is ignored).
     pub fn same_resources(&self, other: &View) -> bool {
-        self.services == other.services && self.failover == other.failover
+        self.services == other.services
+            && self.failover == other.failover
+            && self.overprovisioning_factor_pct == other.overprovisioning_factor_pct
     }
 
     /// The failover regions of `key`, in policy order (empty: none).
     pub fn failover_of(&self, key: &ServiceKey) -> &[FailoverRegion] {
         self.failover.get(key).map_or(&[], Vec::as_slice)
     }
+
+    /// The threshold-failover factor of `key` (`None`: all-or-nothing failover).
+    pub fn overprovisioning_factor_of(&self, key: &ServiceKey) -> Option<u32> {
+        self.overprovisioning_factor_pct.get(key).copied()
+    }
 }
 
 /// One failover region of a service's policy (docs/adr/0013-global-policy-and-failover.md),
 /// as the xDS assignment serves it. Its endpoints are served at the priorities after the
 /// caller's region, and only while that region has no healthy endpoint of the service (the
-/// rule of a local pick; cross-region routing happens only by explicit policy, REQUIREMENTS).
+/// rule of a local pick; cross-region routing happens only by explicit policy, REQUIREMENTS),
+/// or always when the policy sets threshold failover ([`View::overprovisioning_factor_pct`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FailoverRegion {
     /// The region.

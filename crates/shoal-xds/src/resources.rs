@@ -17,7 +17,8 @@ use envoy_types::pb::envoy::config::core::v3::{
     ConfigSource, HealthStatus, Locality as PbLocality, SocketAddress,
 };
 use envoy_types::pb::envoy::config::endpoint::v3::{
-    lb_endpoint, ClusterLoadAssignment, Endpoint as PbEndpoint, LbEndpoint, LocalityLbEndpoints,
+    cluster_load_assignment, lb_endpoint, ClusterLoadAssignment, Endpoint as PbEndpoint,
+    LbEndpoint, LocalityLbEndpoints,
 };
 use envoy_types::pb::envoy::config::listener::v3::{ApiListener, Listener};
 use envoy_types::pb::envoy::config::route::v3::{
@@ -256,16 +257,29 @@ fn lb_endpoint(ep: &Endpoint, failover: Option<&FailoverRegion>) -> LbEndpoint {
 /// share of the traffic across regions as soon as the region is below ~71 % healthy.
 /// Failover endpoints and localities carry `filter_metadata["shoal"]` = `{tier, read_only,
 /// degraded}`; xDS has no write intent, so a writer must honour `read_only` itself.
+///
+/// **Threshold failover** (`overprovisioning_factor_pct` set, [`View::overprovisioning_factor_pct`]):
+/// that spill is what the policy asks for, so the failover regions are served always, the
+/// assignment's `policy.overprovisioning_factor` is the policy's, and the caller's whole
+/// region is **one** priority (0; its zones are localities of it), the failover regions 1, 2,
+/// ... Envoy then computes priority 0's health as healthy / listed endpoints x factor (by
+/// count, `weighted_priority_health = false`), exactly the share a pick keeps
+/// (`shoal_catalog::failover::LocalCapacity`): every non-expired endpoint of the region is
+/// listed, the non-routable ones `UNHEALTHY` or `DRAINING`. The cost: for such a service the
+/// caller's zone is no longer a priority of its own (zone and rest of the region would be
+/// two priorities whose healths Envoy adds up, spilling far less than the policy says).
 pub fn load_assignment(
     key: &ServiceKey,
     endpoints: &[Endpoint],
     caller: &Locality,
     failover: &[FailoverRegion],
+    overprovisioning_factor_pct: Option<u32>,
 ) -> ClusterLoadAssignment {
+    let threshold = overprovisioning_factor_pct.is_some();
     let region_healthy = endpoints
         .iter()
         .any(|e| e.region == caller.region && e.health == EndpointHealth::Healthy);
-    let regions: Vec<&FailoverRegion> = if region_healthy {
+    let regions: Vec<&FailoverRegion> = if region_healthy && !threshold {
         Vec::new()
     } else {
         failover
@@ -276,6 +290,8 @@ pub fn load_assignment(
     let mut groups: BTreeMap<(usize, Region, Zone), Vec<&Endpoint>> = BTreeMap::new();
     for ep in endpoints {
         if let Some(t) = tier(ep, caller, &regions) {
+            // Threshold failover: the caller's zone and the rest of its region share one tier.
+            let t = if threshold && t == 1 { 0 } else { t };
             groups
                 .entry((t, ep.region.clone(), ep.zone.clone()))
                 .or_default()
@@ -315,6 +331,11 @@ pub fn load_assignment(
     ClusterLoadAssignment {
         cluster_name: resource_name(key),
         endpoints: out,
+        policy: overprovisioning_factor_pct.map(|f| cluster_load_assignment::Policy {
+            overprovisioning_factor: Some(UInt32Value { value: f }),
+            weighted_priority_health: false,
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }
@@ -339,9 +360,13 @@ pub fn build(
                 ResourceType::Listener => pack_any(listener(key)),
                 ResourceType::Route => pack_any(route_configuration(key)),
                 ResourceType::Cluster => pack_any(cluster(key)),
-                ResourceType::Endpoint => {
-                    pack_any(load_assignment(key, eps, caller, view.failover_of(key)))
-                }
+                ResourceType::Endpoint => pack_any(load_assignment(
+                    key,
+                    eps,
+                    caller,
+                    view.failover_of(key),
+                    view.overprovisioning_factor_of(key),
+                )),
             };
             (name, any)
         })
@@ -419,7 +444,7 @@ mod tests {
             ep("a-3", "eu", "eu-a", Unhealthy),
             ep("us-1", "us", "us-a", Healthy),
         ];
-        let cla = load_assignment(&key, &eps, &caller(), &[]);
+        let cla = load_assignment(&key, &eps, &caller(), &[], None);
         assert_eq!(cla.cluster_name, "web.grpc.prod");
         let (h, d, u) = (
             HealthStatus::Healthy as i32,
@@ -449,7 +474,7 @@ mod tests {
             ep("b-1", "eu", "eu-b", Draining),
             ep("us-1", "us", "us-a", Healthy),
         ];
-        let cla = load_assignment(&key, &eps, &caller(), &[to("us", false)]);
+        let cla = load_assignment(&key, &eps, &caller(), &[to("us", false)], None);
         let got: Vec<(u32, String, u32)> = summary(&cla)
             .into_iter()
             .map(|(p, z, _, w)| (p, z, w))
@@ -506,14 +531,14 @@ mod tests {
             ep("us-1", "us", "us-a", Healthy),
             ep("sa-1", "sa", "sa-a", Healthy),
         ];
-        let cla = load_assignment(&key, &eps, &caller(), &policy);
+        let cla = load_assignment(&key, &eps, &caller(), &policy, None);
         assert_eq!(
             tiers(&cla),
             vec![(0, "eu".into(), None), (1, "eu".into(), None)],
             "a region with a healthy endpoint never fails over"
         );
         eps[1].health = Unhealthy;
-        let cla = load_assignment(&key, &eps, &caller(), &policy);
+        let cla = load_assignment(&key, &eps, &caller(), &policy, None);
         assert_eq!(
             tiers(&cla),
             vec![
@@ -524,18 +549,95 @@ mod tests {
             ],
             "zone, region, then the policy's regions in order; sa has no policy"
         );
-        let cla = load_assignment(&key, &eps, &caller(), &[]);
+        let cla = load_assignment(&key, &eps, &caller(), &[], None);
         assert_eq!(tiers(&cla).len(), 2, "no policy: the region only");
         let degraded = [FailoverRegion {
             degraded: true,
             ..to("ap", true)
         }];
-        let cla = load_assignment(&key, &eps[2..], &caller(), &degraded);
+        let cla = load_assignment(&key, &eps[2..], &caller(), &degraded, None);
         assert_eq!(
             tiers(&cla),
             vec![(0, "ap".into(), Some(("failover:ap".into(), true, true)))],
             "an unknown region has no healthy endpoint either; priorities stay compacted"
         );
+    }
+
+    #[test]
+    fn threshold_failover_serves_the_region_as_one_priority_then_the_policy_regions_always() {
+        use EndpointHealth::*;
+        let key: ServiceKey = "prod/web/grpc".parse().unwrap();
+        let policy = [to("us", false), to("ap", true)];
+        // 3 of the region's 10 endpoints healthy, in two zones; us and ap healthy.
+        let mut eps: Vec<Endpoint> = (0..10)
+            .map(|i| {
+                let zone = if i % 2 == 0 { "eu-a" } else { "eu-b" };
+                let h = match i {
+                    0..=2 => Healthy,
+                    3..=5 => Draining,
+                    _ => Unhealthy,
+                };
+                ep(&format!("eu-{i}"), "eu", zone, h)
+            })
+            .collect();
+        eps.push(ep("us-1", "us", "us-a", Healthy));
+        eps.push(ep("ap-1", "ap", "ap-a", Healthy));
+        eps.push(ep("sa-1", "sa", "sa-a", Healthy));
+        let cla = load_assignment(&key, &eps, &caller(), &policy, Some(140));
+        let p = cla.policy.clone().expect("a policy");
+        assert_eq!(p.overprovisioning_factor, Some(UInt32Value { value: 140 }));
+        assert!(!p.weighted_priority_health, "health by count, as a pick");
+        assert_eq!(
+            tiers(&cla),
+            vec![
+                (0, "eu".into(), None),
+                (0, "eu".into(), None),
+                (1, "us".into(), Some(("failover:us".into(), false, false))),
+                (2, "ap".into(), Some(("failover:ap".into(), true, false))),
+            ],
+            "both zones of the region at priority 0, the policy's regions after; sa never"
+        );
+        // Envoy's priority-0 health from what is listed: healthy / listed x factor.
+        let local: Vec<&LbEndpoint> = cla
+            .endpoints
+            .iter()
+            .filter(|l| l.priority == 0)
+            .flat_map(|l| &l.lb_endpoints)
+            .collect();
+        let healthy = local
+            .iter()
+            .filter(|e| e.health_status == HealthStatus::Healthy as i32)
+            .count() as u32;
+        assert_eq!(
+            (healthy, local.len()),
+            (3, 10),
+            "every endpoint listed with its health"
+        );
+        assert_eq!((140 * healthy / local.len() as u32).min(100), 42);
+        let shared = shoal_catalog_share(healthy, local.len() as u32, 140);
+        assert_eq!(shared, 42, "the share a pick keeps, from the same counts");
+        // A fully healthy region still lists the failover regions (Envoy spills nothing at
+        // 100 % health), and without the factor nothing changes from all-or-nothing.
+        for e in eps.iter_mut().filter(|e| e.region.as_str() == "eu") {
+            e.health = Healthy;
+        }
+        let cla = load_assignment(&key, &eps, &caller(), &policy, Some(140));
+        assert_eq!(tiers(&cla).len(), 4);
+        let cla = load_assignment(&key, &eps, &caller(), &policy, None);
+        assert_eq!(
+            tiers(&cla),
+            vec![(0, "eu".into(), None), (1, "eu".into(), None)]
+        );
+        assert!(cla.policy.is_none());
+    }
+
+    /// The pick's formula (`shoal_catalog::failover::LocalCapacity::local_share_pct`).
+    fn shoal_catalog_share(routable: u32, registered: u32, factor: u32) -> u32 {
+        shoal_catalog::failover::LocalCapacity {
+            routable,
+            registered,
+        }
+        .local_share_pct(factor)
     }
 
     #[test]

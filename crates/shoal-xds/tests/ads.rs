@@ -217,6 +217,7 @@ fn failover_view(version: u64, health: EndpointHealth) -> Arc<View> {
         failover: [(key, vec![region("us", false), region("ap", true)])]
             .into_iter()
             .collect(),
+        ..View::default()
     })
 }
 
@@ -269,6 +270,126 @@ async fn policy_failover_regions_are_pushed_when_the_region_empties_and_withdraw
     let r3 = next(&mut responses).await;
     assert_eq!(r3.version_info, "3");
     assert_eq!(localities(&r3), localities(&r1));
+
+    drop(req_tx);
+    stop_tx.send(()).unwrap();
+    tokio::time::timeout(WAIT, server)
+        .await
+        .expect("server stops")
+        .unwrap()
+        .unwrap();
+}
+
+/// The local region (eu) with `healthy` of its 10 endpoints healthy (the rest UNHEALTHY) in two
+/// zones, a threshold policy at `factor` % failing over to us.
+fn threshold_view(version: u64, healthy: usize, factor: u32) -> Arc<View> {
+    let key: ServiceKey = "prod/web/grpc".parse().unwrap();
+    let mut eps: Vec<Endpoint> = (0..10)
+        .map(|i| Endpoint {
+            instance: format!("eu-{i}"),
+            address: format!("127.0.0.1:{}", 9300 + i).parse().unwrap(),
+            region: Region::new("eu").unwrap(),
+            zone: Zone::new(if i % 2 == 0 { "eu-a" } else { "eu-b" }).unwrap(),
+            weight: 10,
+            health: if i < healthy {
+                EndpointHealth::Healthy
+            } else {
+                EndpointHealth::Unhealthy
+            },
+        })
+        .collect();
+    eps.push(Endpoint {
+        instance: "us-1".into(),
+        address: "127.0.0.1:9400".parse().unwrap(),
+        region: Region::new("us").unwrap(),
+        zone: Zone::new("us-a").unwrap(),
+        weight: 10,
+        health: EndpointHealth::Healthy,
+    });
+    let us = shoal_xds::FailoverRegion {
+        region: Region::new("us").unwrap(),
+        read_only: false,
+        degraded: false,
+    };
+    Arc::new(View {
+        version,
+        services: [(key.clone(), eps)].into_iter().collect(),
+        failover: [(key.clone(), vec![us])].into_iter().collect(),
+        overprovisioning_factor_pct: [(key, factor)].into_iter().collect(),
+    })
+}
+
+/// (overprovisioning factor, per priority: (healthy, listed) endpoints) of an assignment.
+fn priority_health(resp: &DiscoveryResponse) -> (Option<u32>, Vec<(u32, usize, usize)>) {
+    let cla = ClusterLoadAssignment::decode(resp.resources[0].value.as_slice()).unwrap();
+    let factor = cla
+        .policy
+        .as_ref()
+        .and_then(|p| p.overprovisioning_factor.as_ref())
+        .map(|v| v.value);
+    let mut per: std::collections::BTreeMap<u32, (usize, usize)> = Default::default();
+    for l in &cla.endpoints {
+        let e = per.entry(l.priority).or_default();
+        e.1 += l.lb_endpoints.len();
+        e.0 += l
+            .lb_endpoints
+            .iter()
+            .filter(|e| e.health_status == HealthStatus::Healthy as i32)
+            .count();
+    }
+    (
+        factor,
+        per.into_iter().map(|(p, (h, n))| (p, h, n)).collect(),
+    )
+}
+
+#[tokio::test]
+async fn a_threshold_policy_is_served_as_envoy_priorities_with_its_overprovisioning_factor() {
+    let (views, rx) = tokio::sync::watch::channel(threshold_view(1, 10, 140));
+    let local = Locality {
+        region: Region::new("eu").unwrap(),
+        zone: Zone::new("eu-a").unwrap(),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(shoal_xds::serve(listener, Ads::new(rx, local, 4), async {
+        let _ = stop_rx.await;
+    }));
+    let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let (req_tx, req_rx) = mpsc::channel(8);
+    req_tx.send(eds_request("", "")).await.unwrap();
+    let mut responses = client
+        .stream_aggregated_resources(ReceiverStream::new(req_rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let r1 = next(&mut responses).await;
+    // Healthy: the failover region is listed anyway (Envoy spills 0 % at 100 % health), the
+    // whole region is priority 0.
+    assert_eq!(
+        priority_health(&r1),
+        (Some(140), vec![(0, 10, 10), (1, 1, 1)])
+    );
+    req_tx.send(eds_request("1", &r1.nonce)).await.unwrap();
+
+    // 7 of 10 go unhealthy: still listed (Envoy needs the denominator), 3 healthy.
+    views.send_replace(threshold_view(2, 3, 140));
+    let r2 = next(&mut responses).await;
+    let (factor, per) = priority_health(&r2);
+    assert_eq!(
+        (factor, per.clone()),
+        (Some(140), vec![(0, 3, 10), (1, 1, 1)])
+    );
+    // Envoy's priority load from what was served: P0 keeps min(100, 140 x 3 / 10) = 42 %,
+    // the failover region takes 58 %, as a pick of the agent would.
+    let (_, healthy, listed) = per[0];
+    let keep = (140 * healthy / listed).min(100);
+    assert_eq!(keep, 42);
+    assert_eq!(localities(&r2)[2].1, "us");
+    req_tx.send(eds_request("2", &r2.nonce)).await.unwrap();
 
     drop(req_tx);
     stop_tx.send(()).unwrap();

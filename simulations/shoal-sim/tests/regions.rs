@@ -83,3 +83,35 @@ fn a_capped_policy_answers_explicitly_and_never_exceeds_its_rate() {
     assert!(counter(&r, "region_picks_no_backend_capped") > 0);
     assert_eq!(counter(&r, "failover_cap_violations"), 0);
 }
+
+#[test]
+fn a_threshold_policy_spills_the_formulas_share_and_an_all_or_nothing_one_stays_local() {
+    let r = run_scenario("threshold");
+    assert!(r.checks.contains_key("threshold_spill_share"));
+    assert!(r.checks.contains_key("picks_outside_policy"));
+    // us-east's web callers spill to eu-west (first in its policy) only; nothing else crossed
+    // (the api service lost the same 7 of 10 with an all-or-nothing policy).
+    assert!(counter(&r, "region_picks_spilled") > 0);
+    assert_eq!(
+        counter(&r, "region_picks_spilled"),
+        counter(&r, "region_picks_tier_failover"),
+        "every failover answer is a web spill"
+    );
+    assert_eq!(
+        counter(&r, "region_picks_failover_eu-west"),
+        counter(&r, "region_picks_tier_failover")
+    );
+    assert_eq!(counter(&r, "spills_while_healthy"), 0);
+    // 7 of 10 drained at 140 %: 58 % of the windowed web picks of us-east spill. The window
+    // holds the picks of all three regions' web callers (eu-west and ap-south keep 100 %).
+    let (n, obs) = (
+        counter(&r, "spill_window_picks"),
+        counter(&r, "spill_window_observed"),
+    );
+    let us_east = n / 3;
+    let share = obs as f64 / us_east as f64;
+    assert!(
+        (0.55..=0.61).contains(&share),
+        "us-east spill share {share:.3} ({obs} of ~{us_east})"
+    );
+}

@@ -156,7 +156,8 @@ pub(super) async fn pick(
     let q = parse_query(raw)?;
     let r = Jitter::new().next_u64();
     let index = shared.index.service(&key);
-    let (picked, known) = {
+    let spill_factor = shared.failover.overprovisioning_factor_pct(&key);
+    let (picked, known, capacity) = {
         let now = shared.now_ms();
         let mesh = shared.mesh.read().expect("mesh lock");
         let ej = shared.ejections.lock().expect("ejections");
@@ -177,10 +178,32 @@ pub(super) async fn pick(
                     RecordTimes::of(&key, e, &times),
                 )
             });
-        (picked, mesh.catalog().service(&key).is_some())
+        // Threshold failover only: the region's routable / registered counts (ADR 0013).
+        let capacity = spill_factor.map(|_| {
+            crate::failover::LocalCapacity::of(mesh.catalog(), &key, &shared.cfg.region, &liveness)
+        });
+        (picked, mesh.catalog().service(&key).is_some(), capacity)
     };
     let mut body = freshness(&shared, index);
     body.insert("service".into(), json!(key.to_string()));
+    let spilled = match (&picked, capacity) {
+        (Some(_), Some(c)) => {
+            let now_s = shared.now_ms() / 1_000;
+            shared
+                .failover
+                .spill_remote(&key, c, write_intent, now_s, r)
+        }
+        _ => None,
+    };
+    if let Some(p) = spilled {
+        crate::failover::answer_json(&mut body, &p);
+        return Ok(with_index(
+            &shared,
+            index,
+            StatusCode::OK,
+            Value::Object(body),
+        ));
+    }
     match picked {
         Some((e, t)) => {
             let tier = crate::failover::local_tier(&e.endpoint.zone, &shared.cfg.zone);

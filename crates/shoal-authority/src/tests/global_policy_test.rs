@@ -27,6 +27,7 @@ fn doc(version: u64) -> SignedGlobalPolicy {
                 max_cross_region_rps: Some(10),
                 max_snapshot_age_s: Some(60),
                 on_stale: StaleAction::Refuse,
+                overprovisioning_factor_pct: None,
             },
         }],
     })

@@ -14,6 +14,7 @@ fn policy(regions: &[&str]) -> ServicePolicy {
         max_cross_region_rps: Some(500),
         max_snapshot_age_s: Some(900),
         on_stale: shoal_proto::StaleAction::Degrade,
+        overprovisioning_factor_pct: None,
     }
 }
 

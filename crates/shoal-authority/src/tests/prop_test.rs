@@ -219,6 +219,7 @@ fn command(h: &Harness, now_ms: &mut u64, op: Op) -> Option<AuthorityCommand> {
                 max_cross_region_rps: None,
                 max_snapshot_age_s: None,
                 on_stale: shoal_proto::StaleAction::Degrade,
+                overprovisioning_factor_pct: None,
             },
         },
     })

@@ -34,6 +34,7 @@ fn busy() -> Harness {
             max_cross_region_rps: None,
             max_snapshot_age_s: Some(60),
             on_stale: shoal_proto::StaleAction::Degrade,
+            overprovisioning_factor_pct: None,
         },
     })
     .unwrap();

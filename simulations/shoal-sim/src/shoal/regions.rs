@@ -17,9 +17,14 @@
 //!    set (`FailoverFeed`, `feed_ms` one way) and offers every summary to its own state.
 //!
 //! A region authority's network location (for link faults) is its region's first node.
+//!
+//! A policy with `overprovisioning_factor_pct` (threshold failover) makes each pick the region
+//! can answer go through `FailoverState::spill_remote` with the agent's own `LocalCapacity`
+//! (one extra traffic draw per such pick, so scenarios without it keep their random stream);
+//! the oracle applies the formula to the ground truth at each pick and compares.
 
 use super::*;
-use shoal_catalog::failover::{local_tier, FailoverState, Tier};
+use shoal_catalog::failover::{local_tier, FailoverState, LocalCapacity, RemotePick, Spill, Tier};
 use shoal_catalog::remote::{summarize, RemoteSummaries};
 use shoal_proto::rpc::{AuthorityOk, AuthorityRequestBody};
 use shoal_proto::{
@@ -38,6 +43,8 @@ pub(super) struct GlobalService {
     /// Allowed failover regions in order (the scenario's ground truth, not the document).
     pub(super) allowed: Option<Vec<u16>>,
     pub(super) cap_rps: Option<u32>,
+    /// Threshold failover's factor, percent (the scenario's ground truth).
+    pub(super) factor_pct: Option<u32>,
     /// Instances per region, by index.
     pub(super) instances: Vec<Vec<usize>>,
 }
@@ -143,6 +150,19 @@ pub(super) struct RegionCounters {
     /// Local no-backend answers while the region held a READY, live instance (ground truth).
     pub(super) no_backend_with_local_ready: u64,
     pub(super) summaries_rejected: BTreeMap<&'static str, u64>,
+    /// Threshold failover: picks the agent spilled, answered by the failover tier.
+    pub(super) spill_answered: u64,
+    /// Threshold failover: spills the failover tier refused (answered locally), by reason.
+    pub(super) spill_refused: BTreeMap<&'static str, u64>,
+    /// The oracle's spill tally over the window (`spill_share_from_ms` on): locally
+    /// answerable picks of factor services, spills observed, and the sum of the expected spill
+    /// probabilities and of their variances (ground truth at each pick).
+    pub(super) spill_window_picks: u64,
+    pub(super) spill_observed: u64,
+    pub(super) spill_expected: f64,
+    pub(super) spill_variance: f64,
+    /// Spills while the picking agent's region was fully routable (ground truth), any time.
+    pub(super) spills_while_healthy: u64,
 }
 
 impl Regions {
@@ -281,6 +301,7 @@ impl ShoalHarness {
                             } else {
                                 StaleAction::Degrade
                             },
+                            overprovisioning_factor_pct: p.overprovisioning_factor_pct,
                         },
                     });
                     Some(ids)
@@ -314,6 +335,10 @@ impl ShoalHarness {
                 key,
                 allowed,
                 cap_rps: g.policy.as_ref().and_then(|p| p.max_cross_region_rps),
+                factor_pct: g
+                    .policy
+                    .as_ref()
+                    .and_then(|p| p.overprovisioning_factor_pct),
                 instances: per_region,
             });
         }
@@ -681,6 +706,35 @@ impl ShoalHarness {
             false,
             r,
         ) {
+            if st.agents[node as usize]
+                .overprovisioning_factor_pct(key)
+                .is_some()
+            {
+                // Threshold failover, with the agent's own view of its region.
+                let r_spill = self.traffic_rng.next_u64();
+                let capacity = LocalCapacity::of(mesh.catalog(), key, mesh.region(), &liveness);
+                let spill = st.agents[node as usize].spill_remote(
+                    key,
+                    capacity,
+                    false,
+                    now / 1_000,
+                    now,
+                    r_spill,
+                    r,
+                );
+                self.judge_spill(st, svc, region, now, !matches!(spill, Spill::Local));
+                match spill {
+                    Spill::Local => {}
+                    Spill::Refused(why) => {
+                        *st.c.spill_refused.entry(why.as_label()).or_default() += 1
+                    }
+                    Spill::Remote(p) => {
+                        st.c.spill_answered += 1;
+                        self.record_failover(st, node, svc, region, now, &p, true);
+                        return;
+                    }
+                }
+            }
             let rec = &e.lifecycle().record;
             match local_tier(&rec.endpoint.zone, zone) {
                 Tier::Zone => st.c.tier_zone += 1,
@@ -708,54 +762,110 @@ impl ShoalHarness {
         }
         match st.agents[node as usize].pick_remote(key, false, now / 1_000, now, r) {
             Err(why) => *st.c.refused.entry(why.as_label()).or_default() += 1,
-            Ok(p) => {
-                st.c.tier_failover += 1;
-                st.c.failover_degraded += u64::from(p.degraded);
-                *st.c
-                    .failover_by_region
-                    .entry(p.region.to_string())
-                    .or_default() += 1;
-                let truth = self
-                    .by_key
-                    .get(&(key.clone(), p.endpoint.instance.clone()))
-                    .map(|&i| (self.instances[i].region, self.instances[i].bad_since));
-                let service = &st.services[svc];
-                let inside = match (&service.allowed, truth) {
-                    (Some(allowed), Some((r, _))) => r != region && allowed.contains(&r),
-                    _ => false,
-                };
-                if !inside {
-                    st.c.outside_policy += 1;
-                }
-                if service.allowed.is_none() {
-                    st.c.no_policy_failovers += 1;
-                }
-                if truth.is_some_and(|(_, bad)| bad.is_some_and(|b| b <= now)) {
-                    st.c.failover_of_withdrawn += 1;
-                }
-                if let Some(cap) = service.cap_rps {
-                    let w = st
-                        .cap_windows
-                        .entry((node, svc))
-                        .or_insert((now / 1_000, 0));
-                    if w.0 != now / 1_000 {
-                        *w = (now / 1_000, 0);
-                    }
-                    w.1 += 1;
-                    if w.1 > cap {
-                        st.c.cap_violations += 1;
-                    }
-                }
-                for w in &mut st.withdrawals {
-                    if w.service == svc && w.region == region && w.at_ms <= now && w.count.is_none()
-                    {
-                        let slot = &mut w.first_failover_ms[node as usize];
-                        if *slot == u64::MAX {
-                            *slot = now;
-                        }
-                    }
+            Ok(p) => self.record_failover(st, node, svc, region, now, &p, false),
+        }
+    }
+
+    /// The oracle's checks of one failover answer (`spill`: a threshold spill, not a region
+    /// without a local endpoint, so it does not time the failover reaction).
+    #[allow(clippy::too_many_arguments)]
+    fn record_failover(
+        &mut self,
+        st: &mut Regions,
+        node: u32,
+        svc: usize,
+        region: u16,
+        now: u64,
+        p: &RemotePick,
+        spill: bool,
+    ) {
+        let key = &st.services[svc].key;
+        st.c.tier_failover += 1;
+        st.c.failover_degraded += u64::from(p.degraded);
+        *st.c
+            .failover_by_region
+            .entry(p.region.to_string())
+            .or_default() += 1;
+        let truth = self
+            .by_key
+            .get(&(key.clone(), p.endpoint.instance.clone()))
+            .map(|&i| (self.instances[i].region, self.instances[i].bad_since));
+        let service = &st.services[svc];
+        let inside = match (&service.allowed, truth) {
+            (Some(allowed), Some((r, _))) => r != region && allowed.contains(&r),
+            _ => false,
+        };
+        if !inside {
+            st.c.outside_policy += 1;
+        }
+        if service.allowed.is_none() {
+            st.c.no_policy_failovers += 1;
+        }
+        if truth.is_some_and(|(_, bad)| bad.is_some_and(|b| b <= now)) {
+            st.c.failover_of_withdrawn += 1;
+        }
+        if let Some(cap) = service.cap_rps {
+            let w = st
+                .cap_windows
+                .entry((node, svc))
+                .or_insert((now / 1_000, 0));
+            if w.0 != now / 1_000 {
+                *w = (now / 1_000, 0);
+            }
+            w.1 += 1;
+            if w.1 > cap {
+                st.c.cap_violations += 1;
+            }
+        }
+        if spill {
+            return;
+        }
+        for w in &mut st.withdrawals {
+            if w.service == svc && w.region == region && w.at_ms <= now && w.count.is_none() {
+                let slot = &mut w.first_failover_ms[node as usize];
+                if *slot == u64::MAX {
+                    *slot = now;
                 }
             }
+        }
+    }
+
+    /// The oracle's tally of one threshold decision (`spilled`: the agent spilled, answered or
+    /// refused), against the formula applied to the ground truth: the share the region keeps
+    /// is `min(100, factor * routable / registered)` percent, routable = READY, process alive,
+    /// never withdrawn; registered = not EXPIRED.
+    fn judge_spill(&self, st: &mut Regions, svc: usize, region: u16, now: u64, spilled: bool) {
+        let Some(factor) = st.services[svc].factor_pct else {
+            return;
+        };
+        let (mut routable, mut registered) = (0u64, 0u64);
+        for &i in &st.services[svc].instances[region as usize] {
+            let inst = &self.instances[i];
+            if inst.state != LifecycleState::Expired {
+                registered += 1;
+            }
+            if inst.state == LifecycleState::Ready && inst.process_alive && inst.bad_since.is_none()
+            {
+                routable += 1;
+            }
+        }
+        let keep_pct = (u64::from(factor) * routable)
+            .checked_div(registered)
+            .map_or(0, |v| v.min(100));
+        let p = (100 - keep_pct) as f64 / 100.0;
+        if keep_pct == 100 && spilled {
+            st.c.spills_while_healthy += 1;
+        }
+        if st
+            .spec
+            .expect
+            .spill_share_from_ms
+            .is_some_and(|from| now >= from)
+        {
+            st.c.spill_window_picks += 1;
+            st.c.spill_observed += u64::from(spilled);
+            st.c.spill_expected += p;
+            st.c.spill_variance += p * (1.0 - p);
         }
     }
 

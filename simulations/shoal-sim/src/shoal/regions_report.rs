@@ -138,6 +138,22 @@ impl ShoalHarness {
         c.insert("summary_reconcile_missing".into(), reconcile_missing);
         c.insert("summaries_mismatched_at_end".into(), mismatches);
         c.insert("agents_with_changed_policy".into(), policy_changed);
+        let threshold = st.services.iter().any(|s| s.factor_pct.is_some());
+        if threshold {
+            // Only scenarios with threshold failover carry these (the others' reports are
+            // unchanged).
+            c.insert("region_picks_spilled".into(), st.c.spill_answered);
+            for (k, v) in &st.c.spill_refused {
+                c.insert(format!("region_picks_spill_refused_{k}"), *v);
+            }
+            c.insert("spill_window_picks".into(), st.c.spill_window_picks);
+            c.insert("spill_window_observed".into(), st.c.spill_observed);
+            c.insert(
+                "spill_window_expected".into(),
+                st.c.spill_expected.round() as u64,
+            );
+            c.insert("spills_while_healthy".into(), st.c.spills_while_healthy);
+        }
         for (r, v) in &st.c.served_during_cut {
             c.insert(
                 format!(
@@ -219,6 +235,35 @@ impl ShoalHarness {
                     detail: format!(
                         "{capped} explicit capped answers, {} served failover picks, {} agent-seconds over the cap",
                         st.c.tier_failover, st.c.cap_violations
+                    ),
+                },
+            );
+        }
+        if e.spill_share_from_ms.is_some() {
+            // Binomial bound: each windowed pick spills with its own ground-truth probability
+            // p_i; the count's mean is sum p_i and its variance sum p_i (1 - p_i). Within 4
+            // standard deviations (+1 for the all-zero case's rounding) passes.
+            let n = st.c.spill_window_picks;
+            let (obs, exp) = (st.c.spill_observed as f64, st.c.spill_expected);
+            let bound = 4.0 * st.c.spill_variance.sqrt() + 1.0;
+            let share = |x: f64| if n == 0 { 0.0 } else { 100.0 * x / n as f64 };
+            ck.insert(
+                "threshold_spill_share".into(),
+                Check {
+                    ok: n > 0
+                        && st.c.spill_observed > 0
+                        && (obs - exp).abs() <= bound
+                        && st.c.spills_while_healthy == 0
+                        && st.c.outside_policy == 0,
+                    detail: format!(
+                        "{} of {n} windowed picks (every region's callers of the threshold services) spilled ({:.2} %), formula on the ground truth {:.1} ({:.2} %), bound +-{:.1}; {} spills while the region was fully routable; {} answered by the failover tier",
+                        st.c.spill_observed,
+                        share(obs),
+                        exp,
+                        share(exp),
+                        bound,
+                        st.c.spills_while_healthy,
+                        st.c.spill_answered
                     ),
                 },
             );

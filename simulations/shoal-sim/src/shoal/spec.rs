@@ -193,6 +193,8 @@ pub struct PolicySpec {
     /// Refuse summaries older than `max_snapshot_age_s` instead of serving them degraded.
     #[serde(default)]
     pub refuse_stale: bool,
+    /// Threshold failover: Envoy's overprovisioning factor, percent (absent: all-or-nothing).
+    pub overprovisioning_factor_pct: Option<u32>,
 }
 
 /// At `at_ms`, every READY endpoint of `service` in `region` is drained (or only `count`).
@@ -224,4 +226,9 @@ pub struct RegionExpectations {
     /// A capped policy must give explicit capped answers and never exceed its cap.
     #[serde(default)]
     pub capped: bool,
+    /// Threshold failover: from this virtual time on, the spills of the services whose policy
+    /// sets `overprovisioning_factor_pct` must match the formula applied to the ground truth at
+    /// each pick (within a binomial bound), and no pick may spill while its region is fully
+    /// routable, at any time.
+    pub spill_share_from_ms: Option<u64>,
 }
