@@ -119,9 +119,7 @@ impl Driver {
 
     fn fire_timers(&mut self) {
         let now = self.shared.now_ms();
-        while let Some(token) = self.io.pop_due(now) {
-            self.with_mesh(|m| m.handle_timer(now, token));
-        }
+        self.with_mesh(|m| m.handle_timeout(now));
     }
 
     fn on_inbound(&mut self, msg: Inbound) {

@@ -394,9 +394,7 @@ impl MemberDriver {
 
     fn fire_timers(&mut self) {
         let now = self.now_ms();
-        while let Some(token) = self.io.pop_due(now) {
-            self.pump(|m, _| m.handle_timer(now, token));
-        }
+        self.pump(|m, _| m.handle_timeout(now));
     }
 
     /// Feeds one input at the current time, then drains transmits, timers and events.

@@ -1,11 +1,17 @@
 //! One agent's protocol core: SWIM membership + record dissemination + anti-entropy.
 //!
 //! # Shape (sans-IO, after `quinn-proto`)
-//! * inputs: [`Mesh::handle_datagram`], [`Mesh::handle_stream_message`], [`Mesh::handle_timer`],
-//!   [`Mesh::handle_command`] — each takes `now_ms` (monotonic milliseconds of the driver),
-//!   which must never decrease from one input to the next (asserted in debug builds);
-//! * outputs, drained after every input in this order: [`Mesh::poll_transmit`] until `None`,
-//!   [`Mesh::poll_timer`] until `None`, [`Mesh::poll_event`] until `None`;
+//! * inputs: [`Mesh::handle_datagram`], [`Mesh::handle_stream_message`],
+//!   [`Mesh::handle_timeout`] (or [`Mesh::handle_timer`]), [`Mesh::handle_command`] — each takes
+//!   `now_ms` (monotonic milliseconds of the driver), which must never decrease from one input
+//!   to the next (asserted in debug builds);
+//! * outputs, drained after every input: [`Mesh::poll_transmit`] until `None`, then
+//!   [`Mesh::poll_event`] until `None`;
+//! * timers are the core's: it keeps every timer it arms (`src/mesh/timers.rs`); the driver asks [`Mesh::poll_timeout`] for the next deadline after
+//!   every input and calls [`Mesh::handle_timeout`] once the clock reaches it. A driver that
+//!   orders timers with other events in one queue of its own (the simulator) takes each armed
+//!   timer once from [`Mesh::poll_armed`] instead and fires it by token with
+//!   [`Mesh::handle_timer`];
 //! * getters: [`Mesh::catalog`], [`Mesh::membership`], [`Mesh::liveness`], [`Mesh::counters`].
 //!
 //! # Record dissemination (Plumtree, Leitão et al., SRDS 2007)
@@ -36,6 +42,7 @@
 //! and `after_input`, which runs after every input. The rest is in `src/mesh/`, one idea each:
 //! * `config.rs`: [`MeshConfig`]; `io.rs`: [`Transmit`], [`Channel`], [`MeshTimer`],
 //!   [`Command`], [`MeshEvent`], [`Refusal`]; `counters.rs`: [`MeshCounters`], [`Flow`];
+//! * `timers.rs`: the timer table and [`TimerToken`];
 //! * `coalesce.rs`: the outbox, withdrawal classification and the flush into eager pushes;
 //! * `plumtree.rs`: eager/lazy peer sets, PRUNE, IHAVE, GRAFT;
 //! * `delta.rs`: deltas and snapshots, the replies shared by GRAFT and anti-entropy;
@@ -53,6 +60,7 @@ mod gc;
 mod health;
 mod io;
 mod plumtree;
+mod timers;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::SocketAddr;
@@ -72,6 +80,8 @@ use coalesce::Outgoing;
 pub use config::MeshConfig;
 pub use counters::{Flow, MeshCounters};
 pub use io::{Channel, Command, MeshEvent, MeshTimer, Refusal, Transmit};
+use timers::TimerTable;
+pub use timers::TimerToken;
 
 /// Derived liveness from SWIM (+ nothing ejected: ejection is the agent's, per caller).
 pub struct MeshLiveness<'a> {
@@ -126,7 +136,10 @@ pub struct Mesh<V: Verifier> {
     open_gaps: usize,
     gap_checked_at: u64,
     transmits: VecDeque<Transmit>,
-    timers: VecDeque<(u64, MeshTimer)>,
+    /// Timers armed during the current input, filed into `timers` (after membership's) at its
+    /// end, so tokens follow the order the drivers used to see them in.
+    armed_now: Vec<(u64, MeshTimer)>,
+    timers: TimerTable,
     events: VecDeque<MeshEvent>,
     counters: MeshCounters,
     /// The `now_ms` of the latest input: time is an input and must never go backwards.
@@ -179,7 +192,8 @@ impl<V: Verifier> Mesh<V> {
             open_gaps: 0,
             gap_checked_at: u64::MAX,
             transmits: VecDeque::new(),
-            timers: VecDeque::new(),
+            armed_now: Vec::new(),
+            timers: TimerTable::default(),
             events: VecDeque::new(),
             counters: MeshCounters::default(),
             last_now_ms: 0,
@@ -204,11 +218,6 @@ impl<V: Verifier> Mesh<V> {
     /// The SWIM membership.
     pub fn membership(&self) -> &Membership {
         &self.membership
-    }
-
-    /// Mutable membership access (the simulator bootstraps large regions through it).
-    pub fn membership_mut(&mut self) -> &mut Membership {
-        &mut self.membership
     }
 
     /// Derived liveness for views.
@@ -292,8 +301,53 @@ impl<V: Verifier> Mesh<V> {
         }
     }
 
-    /// A timer fired.
-    pub fn handle_timer(&mut self, now_ms: u64, timer: MeshTimer) {
+    /// The earliest deadline of the core's timers, monotonic ms; `None` when none is armed
+    /// (never once the periodic timers run). Ask after every input: an input may arm an earlier
+    /// timer. A deadline at or before the current time is due now.
+    #[must_use = "the core does nothing at its deadline unless handle_timeout is called"]
+    pub fn poll_timeout(&self) -> Option<u64> {
+        self.timers.next_deadline()
+    }
+
+    /// Fires every timer due at `now_ms`: earliest deadline first, equal deadlines in the order
+    /// they were armed, including timers a firing arms that are already due. Drain the outputs
+    /// afterwards as after any input. Nothing is due: a no-op.
+    pub fn handle_timeout(&mut self, now_ms: u64) {
+        self.observe_now(now_ms);
+        while let Some(timer) = self.timers.pop_due(now_ms) {
+            self.fire(now_ms, timer);
+        }
+    }
+
+    /// The next timer armed since the last call, once each, in arming order:
+    /// `(deadline_ms, token)`; fire it with [`Mesh::handle_timer`]. Only for a driver that
+    /// orders timers in an event queue of its own (the simulator); drivers that use
+    /// [`Mesh::poll_timeout`] never need it. Yields only timers still pending.
+    #[must_use = "a token not taken here can only fire through handle_timeout"]
+    pub fn poll_armed(&mut self) -> Option<(u64, TimerToken)> {
+        self.timers.next_armed()
+    }
+
+    /// Fires the timer of `token` (from [`Mesh::poll_armed`]) now: the driver's queue decided it
+    /// is due. A stale token (already fired, by token or by [`Mesh::handle_timeout`]) is a
+    /// no-op.
+    pub fn handle_timer(&mut self, now_ms: u64, token: TimerToken) {
+        if let Some(timer) = self.timers.take(token) {
+            self.fire(now_ms, timer);
+        }
+    }
+
+    /// Pending timers in arming order, `(deadline_ms, what)`: for tests and status pages.
+    pub fn pending_timers(&self) -> impl Iterator<Item = (u64, &MeshTimer)> {
+        self.timers.iter()
+    }
+
+    /// How many timers are pending.
+    pub fn timers_pending(&self) -> usize {
+        self.timers.len()
+    }
+
+    fn fire(&mut self, now_ms: u64, timer: MeshTimer) {
         self.observe_now(now_ms);
         match timer {
             MeshTimer::Membership(t) => self.membership.handle_timer(now_ms, t),
@@ -383,6 +437,7 @@ impl<V: Verifier> Mesh<V> {
     // ---- outputs ---------------------------------------------------------------------------
 
     /// Next thing to send.
+    #[must_use = "a transmit not sent is lost"]
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         if let Some((to, bytes)) = self.membership.poll_transmit() {
             return Some(Transmit {
@@ -394,15 +449,8 @@ impl<V: Verifier> Mesh<V> {
         self.transmits.pop_front()
     }
 
-    /// Next timer to schedule: `(deadline_ms, token)`.
-    pub fn poll_timer(&mut self) -> Option<(u64, MeshTimer)> {
-        if let Some((at, t)) = self.membership.poll_timer() {
-            return Some((at, MeshTimer::Membership(t)));
-        }
-        self.timers.pop_front()
-    }
-
     /// Next event.
+    #[must_use = "events are the driver's to handle"]
     pub fn poll_event(&mut self) -> Option<MeshEvent> {
         self.events.pop_front()
     }
@@ -429,7 +477,18 @@ impl<V: Verifier> Mesh<V> {
     }
 
     fn push_timer(&mut self, at: u64, timer: MeshTimer) {
-        self.timers.push_back((at, timer));
+        self.armed_now.push((at, timer));
+    }
+
+    /// Files the timers armed by this input: membership's first, then the mesh's own, each in
+    /// arming order (the order the drivers' own queues used to receive them in).
+    fn file_timers(&mut self) {
+        while let Some((at, t)) = self.membership.poll_timer() {
+            self.timers.arm(at, MeshTimer::Membership(t));
+        }
+        for (at, t) in self.armed_now.drain(..) {
+            self.timers.arm(at, t);
+        }
     }
 
     fn push_event(&mut self, event: MeshEvent) {
@@ -552,6 +611,7 @@ impl<V: Verifier> Mesh<V> {
             }
             self.open_gaps = gaps;
         }
+        self.file_timers();
         self.debug_check_after_input();
     }
 

@@ -99,7 +99,7 @@ fn malformed_oversized_and_wrong_kind_stream_messages_are_counted_and_change_not
         *expected.entry(label).or_default() += 1;
         assert_eq!(m.counters().rejected, expected, "after a {label} message");
         assert!(m.poll_transmit().is_none(), "{label}: nothing sent");
-        assert!(m.poll_timer().is_none(), "{label}: nothing scheduled");
+        assert!(m.poll_armed().is_none(), "{label}: nothing scheduled");
         assert!(m.poll_event().is_none(), "{label}: nothing reported");
     }
     assert!(m.catalog() == &catalog);
@@ -195,7 +195,6 @@ fn full_queues_count_overflow_instead_of_growing() {
     let m = &mut c.nodes[0].mesh;
     m.bootstrap(now, members);
     while m.poll_transmit().is_some() {}
-    while m.poll_timer().is_some() {}
     while m.poll_event().is_some() {}
     // Every peer grafts us: seven eager links.
     let graft = StreamMessage::Graft(Graft::default())
@@ -214,15 +213,19 @@ fn full_queues_count_overflow_instead_of_growing() {
         .collect();
     let m = &mut c.nodes[0].mesh;
     m.handle_command(now, Command::Publish { lifecycle: records });
-    let mut flush = None;
-    while let Some((at, t)) = m.poll_timer() {
-        if t == MeshTimer::Flush {
-            flush = Some(at);
-        }
-    }
-    let at = flush.expect("a flush is armed");
+    let flushes: Vec<u64> = m
+        .pending_timers()
+        .filter(|(_, t)| **t == MeshTimer::Flush)
+        .map(|(at, _)| at)
+        .collect();
+    let at = m.poll_timeout().expect("timers are armed");
+    assert_eq!(flushes, [at], "one flush is armed and it is the next timer");
     assert!(at <= now + m.config().urgent_coalesce_ms);
-    m.handle_timer(at, MeshTimer::Flush);
+    m.handle_timeout(at);
+    assert!(
+        m.pending_timers().all(|(_, t)| *t != MeshTimer::Flush),
+        "the flush fired"
+    );
 
     let counters = m.counters();
     assert_eq!(counters.outbox_overflow - before.outbox_overflow, 7);

@@ -38,7 +38,7 @@ use shoal_authority::{ApplyContext, AuthorityCommand, AuthorityState, Caller};
 use shoal_catalog::view::{self, Liveness};
 use shoal_catalog::{Catalog, Keyring, Verifier};
 use shoal_mesh::membership::MemberId;
-use shoal_mesh::{Command, MembershipEvent, Mesh, MeshConfig, MeshEvent, MeshTimer};
+use shoal_mesh::{Command, MembershipEvent, Mesh, MeshConfig, MeshEvent, TimerToken};
 use shoal_proto::{
     EndpointSpec, Generation, HealthStatus, InstanceId, LabelDimension, Labels, LifecycleState,
     NodeId, NodeKey, Region, Revision, ServiceKey, SignatureBytes, SignatureError, SignedHealth,
@@ -67,7 +67,6 @@ mod workload;
 use authority::*;
 pub use keys::{SharedKeys, SimKeys};
 pub use node::ShoalNode;
-use node::*;
 pub use observer::Observer;
 use observer::*;
 pub use spec::{
@@ -453,7 +452,6 @@ impl Harness for ShoalHarness {
         let mut node = ShoalNode {
             index: ctx.index,
             mesh,
-            timers: TimerSlots::default(),
             observer: Rc::clone(&self.observer),
         };
         node.tap(now);
@@ -586,26 +584,6 @@ mod tests {
     use super::*;
     use crate::rng::RngTree;
     use crate::scenario::Tier;
-
-    #[test]
-    fn a_timer_token_fires_once_and_a_reused_slot_gets_a_new_token() {
-        let mut t = TimerSlots::default();
-        let a = t.insert(MeshTimer::Flush);
-        let b = t.insert(MeshTimer::Gc);
-        assert_ne!(a, b);
-        assert_eq!(t.take(a), Some(MeshTimer::Flush));
-        assert_eq!(t.take(a), None, "fired already");
-        let c = t.insert(MeshTimer::IHave);
-        assert_ne!(c, a, "slot reused under a new token");
-        assert_eq!(
-            t.take(a),
-            None,
-            "the old token finds nothing in the reused slot"
-        );
-        assert_eq!(t.take(c), Some(MeshTimer::IHave));
-        assert_eq!(t.take(b), Some(MeshTimer::Gc));
-        assert_eq!(t.take(u64::MAX), None);
-    }
 
     #[test]
     fn tiered_draws_stay_in_their_tiers_with_their_shares() {

@@ -1,6 +1,6 @@
 //! The core's vocabulary with its driver (sans-IO, after `quinn-proto`): what goes in
-//! ([`MeshTimer`] tokens, [`Command`]s) and what comes out ([`Transmit`]s on a [`Channel`],
-//! [`MeshEvent`]s, [`Refusal`]s).
+//! ([`Command`]s) and what comes out ([`Transmit`]s on a [`Channel`], [`MeshEvent`]s,
+//! [`Refusal`]s), and what the core's timers are for ([`MeshTimer`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -32,8 +32,9 @@ pub struct Transmit {
     pub bytes: Vec<u8>,
 }
 
-/// A timer token; hand it back to [`Mesh::handle_timer`](super::Mesh::handle_timer) at its
-/// deadline.
+/// What one of the core's timers is for. The core keeps its timers itself (see
+/// [`Mesh::poll_timeout`](super::Mesh::poll_timeout)); this is what
+/// [`Mesh::pending_timers`](super::Mesh::pending_timers) shows of them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MeshTimer {
     /// A membership timer.

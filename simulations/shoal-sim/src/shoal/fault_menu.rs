@@ -201,7 +201,6 @@ impl ShoalHarness {
         let mut n = ShoalNode {
             index: on,
             mesh,
-            timers: TimerSlots::default(),
             observer: Rc::clone(&self.observer),
         };
         n.tap(now);
