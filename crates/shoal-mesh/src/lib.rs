@@ -73,7 +73,8 @@
 //!
 //! // 3. Publish instance `web-1` (owned by node-0) as READY at revision 1, at agent 0.
 //! let record = Arc::new(fx.lifecycle("web-1", 1, 1, LifecycleState::Ready));
-//! agents[0].handle_command(now, Command::Publish { lifecycle: vec![record.clone()] });
+//! let published = agents[0].handle_command(now, Command::Publish { lifecycle: vec![record.clone()] });
+//! assert_eq!(published, Ok(()), "a record the authority signed is never refused");
 //! drain(&mut agents, 0, &mut out);
 //!
 //! // 4. Pump until agent 1 reports the record.

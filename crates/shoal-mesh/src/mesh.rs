@@ -64,13 +64,16 @@ mod timers;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use rand_chacha::rand_core::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use shoal_catalog::view::Liveness;
 use shoal_catalog::{Catalog, MergeOutcome, Verifier};
 use shoal_proto::envelope::{self, MessageKind};
-use shoal_proto::{Generation, HealthSeq, InstanceId, NodeId, Region, Revision, SigningKey, Zone};
+use shoal_proto::{
+    Generation, HealthSeq, InstanceId, NodeId, Region, Revision, SignedLifecycle, SigningKey, Zone,
+};
 
 use crate::membership::{MemberId, Membership, MembershipEvent};
 use crate::messages::StreamMessage;
@@ -380,41 +383,88 @@ impl<V: Verifier> Mesh<V> {
         self.after_input(now_ms);
     }
 
-    /// A command from the driver.
-    pub fn handle_command(&mut self, now_ms: u64, command: Command) {
-        self.observe_now(now_ms);
-        match command {
+    /// A command from the driver. Only [`Command::Publish`] and [`Command::ReportHealth`] can
+    /// be refused; the outputs of the input are queued either way (a publish applies every
+    /// record it can).
+    ///
+    /// # Errors
+    /// [`Refusal`]: health for an instance this node does not own, or records that did not
+    /// merge. Each refused record is also counted in [`MeshCounters::refused`].
+    pub fn handle_command(&mut self, now_ms: u64, command: Command) -> Result<(), Refusal> {
+        self.input(now_ms, |m| match command {
             Command::Join { seeds } => {
-                self.membership.join(now_ms, &seeds);
-                self.arm_periodic(now_ms);
-                self.catch_up = true;
+                m.join_seeds(now_ms, &seeds);
+                Ok(())
             }
-            Command::Leave => self.membership.leave(now_ms),
+            Command::Leave => {
+                m.membership.leave(now_ms);
+                Ok(())
+            }
             Command::RestoreKnown { addresses } => {
-                self.membership.restore_known(now_ms, &addresses);
+                m.membership.restore_known(now_ms, &addresses);
+                Ok(())
             }
-            Command::Publish { lifecycle } => {
-                for rec in lifecycle {
-                    let urgent = self.is_urgent_lifecycle(&rec);
-                    match self.catalog.apply_lifecycle(rec.clone(), &self.verifier) {
-                        MergeOutcome::Applied => {
-                            self.announce_now |= urgent;
-                            self.on_lifecycle_applied(rec, None, urgent);
-                        }
-                        MergeOutcome::Duplicate | MergeOutcome::Stale => {}
-                        other => self.refuse(Refusal::Publish(other.as_label().to_owned())),
-                    }
-                }
-            }
+            Command::Publish { lifecycle } => m.publish(lifecycle),
             Command::ReportHealth {
                 key,
                 instance,
                 generation,
                 status,
                 reason,
-            } => self.report_health(key, instance, generation, status, reason),
-        }
+            } => m.report_health(key, instance, generation, status, reason),
+        })
+    }
+
+    /// [`Command::Join`], which is never refused: join through these seed addresses.
+    pub fn join(&mut self, now_ms: u64, seeds: &[SocketAddr]) {
+        self.input(now_ms, |m| m.join_seeds(now_ms, seeds));
+    }
+
+    /// [`Command::Leave`], which is never refused: leave gracefully.
+    pub fn leave(&mut self, now_ms: u64) {
+        self.input(now_ms, |m| m.membership.leave(now_ms));
+    }
+
+    /// [`Command::RestoreKnown`], which is never refused.
+    pub fn restore_known(&mut self, now_ms: u64, addresses: &[crate::membership::KnownAddress]) {
+        self.input(now_ms, |m| m.membership.restore_known(now_ms, addresses));
+    }
+
+    /// One input: checks the clock, runs `f`, then everything that follows every input.
+    fn input<R>(&mut self, now_ms: u64, f: impl FnOnce(&mut Self) -> R) -> R {
+        self.observe_now(now_ms);
+        let r = f(self);
         self.after_input(now_ms);
+        r
+    }
+
+    fn join_seeds(&mut self, now_ms: u64, seeds: &[SocketAddr]) {
+        self.membership.join(now_ms, seeds);
+        self.arm_periodic(now_ms);
+        self.catch_up = true;
+    }
+
+    fn publish(&mut self, lifecycle: Vec<Arc<SignedLifecycle>>) -> Result<(), Refusal> {
+        let mut refused = Vec::new();
+        for rec in lifecycle {
+            let urgent = self.is_urgent_lifecycle(&rec);
+            match self.catalog.apply_lifecycle(rec.clone(), &self.verifier) {
+                MergeOutcome::Applied => {
+                    self.announce_now |= urgent;
+                    self.on_lifecycle_applied(rec, None, urgent);
+                }
+                MergeOutcome::Duplicate | MergeOutcome::Stale => {}
+                other => {
+                    self.counters.refused += 1;
+                    refused.push((rec.record.instance.clone(), other.as_label()));
+                }
+            }
+        }
+        if refused.is_empty() {
+            Ok(())
+        } else {
+            Err(Refusal::Publish { refused })
+        }
     }
 
     /// Seeds membership with `members` (see [`Membership::bootstrap`]) and arms the periodic
@@ -497,11 +547,6 @@ impl<V: Verifier> Mesh<V> {
             return;
         }
         self.events.push_back(event);
-    }
-
-    fn refuse(&mut self, r: Refusal) {
-        self.counters.refused += 1;
-        self.push_event(MeshEvent::Refused(r));
     }
 
     fn send(&mut self, to: SocketAddr, msg: &StreamMessage) {

@@ -141,12 +141,7 @@ fn every_datagram_fits_the_configured_packet_size() {
     let mut c = Cluster::new(N, 23, cfg);
     c.loss = 0.05;
     for i in 1..N {
-        c.command(
-            i,
-            Command::Join {
-                seeds: vec![addr(0)],
-            },
-        );
+        c.join(i, vec![addr(0)]);
         c.run_for(10);
     }
     c.run_for(5_000);
@@ -212,7 +207,10 @@ fn full_queues_count_overflow_instead_of_growing() {
         .map(|r| c.record(&format!("d{r}"), 1, Draining))
         .collect();
     let m = &mut c.nodes[0].mesh;
-    m.handle_command(now, Command::Publish { lifecycle: records });
+    assert_eq!(
+        m.handle_command(now, Command::Publish { lifecycle: records }),
+        Ok(())
+    );
     let flushes: Vec<u64> = m
         .pending_timers()
         .filter(|(_, t)| **t == MeshTimer::Flush)

@@ -6,7 +6,6 @@ mod mesh_support;
 
 use mesh_support::{config, Cluster, LATENCY_MS};
 use shoal_mesh::messages::{RecordPush, StreamMessage};
-use shoal_mesh::Command;
 use shoal_proto::envelope::MessageKind;
 use shoal_proto::LifecycleState::{Draining, Expired, Ready};
 
@@ -173,12 +172,7 @@ fn a_late_joiner_receives_the_whole_catalog_by_anti_entropy() {
 
     let j = c.add_node();
     let joined_at = c.now;
-    c.command(
-        j,
-        Command::Join {
-            seeds: vec![mesh_support::addr(0), mesh_support::addr(1)],
-        },
-    );
+    c.join(j, vec![mesh_support::addr(0), mesh_support::addr(1)]);
     let done = c.run_until_true(joined_at + 20_000, 50, |c| {
         c.mesh(j).catalog() == c.mesh(0).catalog()
     });

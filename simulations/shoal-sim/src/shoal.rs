@@ -422,7 +422,7 @@ impl Harness for ShoalHarness {
             }
             if self.spec.join_on_first_boot {
                 let seeds = self.seed_addrs(topo, region, ctx.index);
-                mesh.handle_command(now, Command::Join { seeds });
+                mesh.join(now, &seeds);
             } else {
                 let members: Vec<MemberId> = topo
                     .region_nodes(region)
@@ -445,7 +445,7 @@ impl Harness for ShoalHarness {
                 persisted.unwrap_or_else(|| self.initial[region as usize].clone());
             mesh.catalog_mut().reset_counters();
             let seeds = self.seed_addrs(topo, region, ctx.index);
-            mesh.handle_command(now, Command::Join { seeds });
+            mesh.join(now, &seeds);
             self.regions_on_restart(ctx.index);
         }
         self.observer.borrow_mut().boots[ctx.index as usize] = Some(boot);

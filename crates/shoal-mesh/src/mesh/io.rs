@@ -89,8 +89,11 @@ pub enum Command {
     },
 }
 
-/// Why a command was refused (also counted).
+/// Why a command was refused, returned by [`Mesh::handle_command`](super::Mesh::handle_command)
+/// (and counted in [`MeshCounters::refused`](super::MeshCounters::refused), once per refused
+/// record).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a refused command changed nothing the caller asked for"]
 pub enum Refusal {
     /// Health for an instance the catalog does not bind to this node (or another generation).
     NotOwnInstance {
@@ -99,8 +102,31 @@ pub enum Refusal {
         /// Instance.
         instance: InstanceId,
     },
-    /// A published record did not merge (bad signature, conflict, stale...).
-    Publish(String),
+    /// Published lifecycle records that did not merge (bad signature, conflict, over the
+    /// catalog's cap...): each one's instance and the merge outcome's label. Every other
+    /// record of the command was applied (or was a duplicate or stale, which is not refused).
+    Publish {
+        /// `(instance, MergeOutcome label)` per refused record, in command order; never empty.
+        refused: Vec<(InstanceId, &'static str)>,
+    },
+    /// The health record this node signed did not merge (the merge outcome's label).
+    Health {
+        /// Instance.
+        instance: InstanceId,
+        /// The `MergeOutcome` label.
+        outcome: &'static str,
+    },
+}
+
+impl Refusal {
+    /// A stable label for metrics: `not_own_instance`, `publish` or `health`.
+    pub fn as_label(&self) -> &'static str {
+        match self {
+            Refusal::NotOwnInstance { .. } => "not_own_instance",
+            Refusal::Publish { .. } => "publish",
+            Refusal::Health { .. } => "health",
+        }
+    }
 }
 
 /// Something that happened, for the driver.
@@ -117,6 +143,4 @@ pub enum MeshEvent {
         /// Records installed.
         records: usize,
     },
-    /// A command was refused.
-    Refused(Refusal),
 }

@@ -24,7 +24,7 @@ use shoal_catalog::testkit::Fixture;
 use shoal_catalog::Keyring;
 use shoal_mesh::membership::MemberId;
 use shoal_mesh::messages::StreamMessage;
-use shoal_mesh::{Channel, Command, Mesh, MeshConfig, MeshEvent, TimerToken};
+use shoal_mesh::{Channel, Command, Mesh, MeshConfig, MeshEvent, Refusal, TimerToken};
 use shoal_proto::envelope::MessageKind;
 use shoal_proto::{Generation, LifecycleState, NodeId, SignedLifecycle, SigningKey, Zone};
 
@@ -286,16 +286,27 @@ impl Cluster {
 
     // ---- inputs -------------------------------------------------------------------------
 
-    pub fn command(&mut self, i: usize, cmd: Command) {
+    pub fn command(&mut self, i: usize, cmd: Command) -> Result<(), Refusal> {
         assert!(!self.nodes[i].crashed);
         let now = self.now;
-        self.nodes[i].mesh.handle_command(now, cmd);
+        let r = self.nodes[i].mesh.handle_command(now, cmd);
+        self.drain(i);
+        r
+    }
+
+    /// Node `i` joins through `seeds`.
+    pub fn join(&mut self, i: usize, seeds: Vec<SocketAddr>) {
+        assert!(!self.nodes[i].crashed);
+        let now = self.now;
+        self.nodes[i].mesh.join(now, &seeds);
         self.drain(i);
     }
 
-    /// Publishes `records` at node `i` (as the authority injecting into that agent).
+    /// Publishes `records` at node `i` (as the authority injecting into that agent); every
+    /// record must merge or be a duplicate or stale.
     pub fn publish(&mut self, i: usize, records: Vec<Arc<SignedLifecycle>>) {
-        self.command(i, Command::Publish { lifecycle: records });
+        let r = self.command(i, Command::Publish { lifecycle: records });
+        assert_eq!(r, Ok(()), "node {i} refused a publish");
     }
 
     /// Feeds raw stream bytes to node `i` as if from node `from`.

@@ -189,7 +189,7 @@ impl ShoalHarness {
         *mesh.catalog_mut() = catalog;
         mesh.catalog_mut().reset_counters();
         let seeds = self.seed_addrs(&topo, region, on);
-        mesh.handle_command(now, Command::Join { seeds });
+        mesh.join(now, &seeds);
         {
             let mut obs = self.observer.borrow_mut();
             // Both claimants' downs are the conflict's, not false; `on` stays "crashed" for

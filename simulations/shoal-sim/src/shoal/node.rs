@@ -18,10 +18,15 @@ impl ShoalNode {
         &self.mesh
     }
 
-    /// Runs a command and taps the resulting events.
-    pub fn command(&mut self, now_ms: u64, cmd: Command) {
-        self.mesh.handle_command(now_ms, cmd);
+    /// Runs a command and taps the resulting events; a refusal is the core's answer (also
+    /// counted in its `MeshCounters::refused`).
+    ///
+    /// # Errors
+    /// The core's [`shoal_mesh::Refusal`].
+    pub fn command(&mut self, now_ms: u64, cmd: Command) -> Result<(), shoal_mesh::Refusal> {
+        let r = self.mesh.handle_command(now_ms, cmd);
         self.tap(now_ms);
+        r
     }
 
     pub(super) fn tap(&mut self, now_ms: u64) {
