@@ -68,8 +68,9 @@ use std::sync::Arc;
 
 use rand_chacha::rand_core::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use shoal_catalog::snapshot::Snapshot;
 use shoal_catalog::view::Liveness;
-use shoal_catalog::{Catalog, MergeOutcome, Verifier};
+use shoal_catalog::{Catalog, DeltaOutcome, MergeOutcome, Verifier};
 use shoal_proto::envelope::{self, MessageKind};
 use shoal_proto::{
     Generation, HealthSeq, InstanceId, NodeId, Region, Revision, SignedLifecycle, SigningKey, Zone,
@@ -98,6 +99,21 @@ impl Liveness for MeshLiveness<'_> {
     fn is_ejected(&self, _: &InstanceId, _: Generation) -> bool {
         false
     }
+}
+
+/// What [`Mesh::restore`] restores from.
+#[derive(Debug)]
+pub enum Restore<'a> {
+    /// A decoded, verified snapshot (`shoal_catalog::snapshot::decode`; the agent's persisted
+    /// file): installed record by record into the core's catalog
+    /// ([`Catalog::install`]), whose merge counters count it.
+    Snapshot(&'a Snapshot),
+    /// A whole catalog the driver kept in memory instead of its encoding (the simulator: each
+    /// agent's last persisted catalog, or its region's steady state at first boot, shared
+    /// copy-on-write). It replaces the core's catalog, with its merge counters zeroed, as a
+    /// fresh process's are. The simulator cannot install snapshots instead without changing
+    /// its reports (docs/adr/0021-core-owned-timers.md, "Restore").
+    Catalog(Catalog),
 }
 
 /// The protocol core of one agent. See the [module docs](self).
@@ -213,9 +229,11 @@ impl<V: Verifier> Mesh<V> {
         &self.catalog
     }
 
-    /// Mutable catalog access, for the driver to install a persisted snapshot at boot.
-    pub fn catalog_mut(&mut self) -> &mut Catalog {
-        &mut self.catalog
+    /// Swaps catalog maps equal to `reference`'s for shared copies
+    /// ([`Catalog::share_equal_maps`]): memory only, the contents do not change. Returns how
+    /// many maps were swapped.
+    pub fn share_catalog_maps(&mut self, reference: &Catalog) -> usize {
+        self.catalog.share_equal_maps(reference)
     }
 
     /// The SWIM membership.
@@ -465,6 +483,24 @@ impl<V: Verifier> Mesh<V> {
         } else {
             Err(Refusal::Publish { refused })
         }
+    }
+
+    /// Restores what a previous process of this agent persisted, before it joins: the one way
+    /// a driver puts a catalog into the core (the agent at boot, the simulator at every
+    /// (re)start). An input like any other (`now_ms` must not go backwards); it sends
+    /// nothing and the gap accounting counts what the restored catalog lacks.
+    ///
+    /// Returns what installing a snapshot merged; restoring a [`Restore::Catalog`] merges
+    /// nothing and returns the empty outcome.
+    pub fn restore(&mut self, now_ms: u64, from: Restore<'_>) -> DeltaOutcome {
+        self.input(now_ms, |m| match from {
+            Restore::Snapshot(snap) => m.catalog.install(snap, &m.verifier),
+            Restore::Catalog(catalog) => {
+                m.catalog = catalog;
+                m.catalog.reset_counters();
+                DeltaOutcome::default()
+            }
+        })
     }
 
     /// Seeds membership with `members` (see [`Membership::bootstrap`]) and arms the periodic

@@ -38,6 +38,7 @@ use shoal_authority::{ApplyContext, AuthorityCommand, AuthorityState, Caller};
 use shoal_catalog::view::{self, Liveness};
 use shoal_catalog::{Catalog, Keyring, Verifier};
 use shoal_mesh::membership::MemberId;
+use shoal_mesh::mesh::Restore;
 use shoal_mesh::{Command, MembershipEvent, Mesh, MeshConfig, MeshEvent, TimerToken};
 use shoal_proto::{
     EndpointSpec, Generation, HealthStatus, InstanceId, LabelDimension, Labels, LifecycleState,
@@ -146,7 +147,7 @@ fn share_catalogs(world: &mut World<ShoalNode>, regions: u16) -> u64 {
         };
         for i in nodes {
             world.with_node(i, |n, _| {
-                swapped += n.mesh.catalog_mut().share_equal_maps(&reference) as u64;
+                swapped += n.mesh.share_catalog_maps(&reference) as u64;
             });
         }
     }
@@ -408,8 +409,7 @@ impl Harness for ShoalHarness {
         if ctx.epoch == 0 {
             // First boot: the region is already formed (as after a long steady state). The
             // copy is O(1) and shares the tree until this agent changes an entry.
-            *mesh.catalog_mut() = self.initial[region as usize].clone();
-            mesh.catalog_mut().reset_counters();
+            mesh.restore(now, Restore::Catalog(self.initial[region as usize].clone()));
             if self.first_boot_ids.is_empty() {
                 // Built once and shared (ids are Arc-backed) by every node's membership.
                 self.first_boot_ids = (0..topo.len() as u32)
@@ -441,9 +441,8 @@ impl Harness for ShoalHarness {
                 .persisted
                 .get_mut(ctx.index as usize)
                 .and_then(Option::take);
-            *mesh.catalog_mut() =
-                persisted.unwrap_or_else(|| self.initial[region as usize].clone());
-            mesh.catalog_mut().reset_counters();
+            let catalog = persisted.unwrap_or_else(|| self.initial[region as usize].clone());
+            mesh.restore(now, Restore::Catalog(catalog));
             let seeds = self.seed_addrs(topo, region, ctx.index);
             mesh.join(now, &seeds);
             self.regions_on_restart(ctx.index);

@@ -186,8 +186,7 @@ impl ShoalHarness {
             self.keys.clone(),
             ctx.seed,
         );
-        *mesh.catalog_mut() = catalog;
-        mesh.catalog_mut().reset_counters();
+        mesh.restore(now, Restore::Catalog(catalog));
         let seeds = self.seed_addrs(&topo, region, on);
         mesh.join(now, &seeds);
         {
