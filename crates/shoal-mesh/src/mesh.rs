@@ -338,6 +338,10 @@ impl<V: Verifier> Mesh<V> {
         while let Some(timer) = self.timers.pop_due(now_ms) {
             self.fire(now_ms, timer);
         }
+        debug_assert!(
+            self.poll_timeout().is_none_or(|at| at > now_ms),
+            "a timer due at {now_ms} was left pending"
+        );
     }
 
     /// The next timer armed since the last call, once each, in arming order:
@@ -401,8 +405,8 @@ impl<V: Verifier> Mesh<V> {
         self.after_input(now_ms);
     }
 
-    /// A command from the driver. Only [`Command::Publish`] and [`Command::ReportHealth`] can
-    /// be refused; the outputs of the input are queued either way (a publish applies every
+    /// A command from the driver (contract C3, `docs/invariants.md`). Only
+    /// [`Command::Publish`] and [`Command::ReportHealth`] can be refused; the outputs of the input are queued either way (a publish applies every
     /// record it can).
     ///
     /// # Errors
@@ -486,7 +490,7 @@ impl<V: Verifier> Mesh<V> {
     }
 
     /// Restores what a previous process of this agent persisted, before it joins: the one way
-    /// a driver puts a catalog into the core (the agent at boot, the simulator at every
+    /// a driver puts a catalog into the core (contract C5, `docs/invariants.md`) (the agent at boot, the simulator at every
     /// (re)start). An input like any other (`now_ms` must not go backwards); it sends
     /// nothing and the gap accounting counts what the restored catalog lacks.
     ///
@@ -563,6 +567,11 @@ impl<V: Verifier> Mesh<V> {
     }
 
     fn push_timer(&mut self, at: u64, timer: MeshTimer) {
+        debug_assert!(
+            at >= self.last_now_ms,
+            "{timer:?} armed in the past: {at} < {}",
+            self.last_now_ms
+        );
         self.armed_now.push((at, timer));
     }
 
@@ -610,8 +619,9 @@ impl<V: Verifier> Mesh<V> {
         });
     }
 
-    /// Checks the clock contract of every input: `now_ms` never decreases (quinn-proto's rule
-    /// for `now`; the coalescing window, jitter and the GC horizon all assume it).
+    /// Checks the clock contract of every input: `now_ms` never decreases (contract C1,
+    /// `docs/invariants.md`; quinn-proto's rule for `now`: the coalescing window, jitter and
+    /// the GC horizon all assume it).
     fn observe_now(&mut self, now_ms: u64) {
         debug_assert!(
             now_ms >= self.last_now_ms,
@@ -719,6 +729,46 @@ impl<V: Verifier> Mesh<V> {
         debug_assert!(
             self.outbox.is_empty() || self.flush_at.is_some(),
             "records wait in the outbox with no flush armed"
+        );
+        debug_assert!(self.armed_now.is_empty(), "armed timers left unfiled");
+        self.debug_check_timers();
+    }
+
+    /// The timer bookkeeping agrees with the timer table (contract C2, `docs/invariants.md`;
+    /// debug builds only): each periodic
+    /// timer pending exactly once while armed (never lost, never doubled), `graft_armed`
+    /// exactly when one graft check is pending and always while announced records are missing,
+    /// and the flush `flush_at` names pending.
+    fn debug_check_timers(&self) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        let (mut ihave, mut ae, mut gc, mut graft) = (0, 0, 0, 0);
+        let mut flush_pending = false;
+        for (at, t) in self.timers.iter() {
+            match t {
+                MeshTimer::IHave => ihave += 1,
+                MeshTimer::AntiEntropy => ae += 1,
+                MeshTimer::Gc => gc += 1,
+                MeshTimer::Graft => graft += 1,
+                MeshTimer::Flush => flush_pending |= self.flush_at == Some(at),
+                MeshTimer::Membership(_) => {}
+            }
+        }
+        let periodic = usize::from(self.periodic_armed);
+        assert_eq!(
+            (ihave, ae, gc),
+            (periodic, periodic, periodic),
+            "periodic timers pending (IHAVE, anti-entropy, GC)"
+        );
+        assert_eq!(graft, usize::from(self.graft_armed), "graft checks pending");
+        assert!(
+            self.graft_armed || (self.missing_regions.is_empty() && self.missing_owners.is_empty()),
+            "announced records are missing with no graft check armed"
+        );
+        assert!(
+            self.flush_at.is_none() || flush_pending,
+            "flush_at names no pending flush"
         );
     }
 

@@ -298,3 +298,15 @@ fn the_same_seed_gives_the_same_transmits() {
     let other = scenario(8);
     assert_ne!(a.0, other.0, "the seed matters");
 }
+
+/// Contract C1 (`docs/invariants.md`): a driver that hands the core an earlier `now_ms` than
+/// its previous input is caught, in debug builds (every test and simulator test runs one).
+#[test]
+#[cfg(debug_assertions)]
+#[should_panic(expected = "now_ms went backwards")]
+fn now_ms_going_backwards_is_caught() {
+    let mut c = Cluster::new(2, 1, config(2, |_| {}));
+    let m = &mut c.nodes[0].mesh;
+    m.start(1_000);
+    m.handle_timeout(999);
+}
