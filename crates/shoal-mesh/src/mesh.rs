@@ -113,7 +113,7 @@ pub enum Restore<'a> {
     /// copy-on-write). It replaces the core's catalog, with its merge counters zeroed, as a
     /// fresh process's are. The simulator cannot install snapshots instead without changing
     /// its reports (docs/adr/0021-core-owned-timers.md, "Restore").
-    Catalog(Catalog),
+    Catalog(Box<Catalog>),
 }
 
 /// The protocol core of one agent. See the [module docs](self).
@@ -500,7 +500,7 @@ impl<V: Verifier> Mesh<V> {
         self.input(now_ms, |m| match from {
             Restore::Snapshot(snap) => m.catalog.install(snap, &m.verifier),
             Restore::Catalog(catalog) => {
-                m.catalog = catalog;
+                m.catalog = *catalog;
                 m.catalog.reset_counters();
                 DeltaOutcome::default()
             }

@@ -409,7 +409,10 @@ impl Harness for ShoalHarness {
         if ctx.epoch == 0 {
             // First boot: the region is already formed (as after a long steady state). The
             // copy is O(1) and shares the tree until this agent changes an entry.
-            mesh.restore(now, Restore::Catalog(self.initial[region as usize].clone()));
+            mesh.restore(
+                now,
+                Restore::Catalog(Box::new(self.initial[region as usize].clone())),
+            );
             if self.first_boot_ids.is_empty() {
                 // Built once and shared (ids are Arc-backed) by every node's membership.
                 self.first_boot_ids = (0..topo.len() as u32)
@@ -442,7 +445,7 @@ impl Harness for ShoalHarness {
                 .get_mut(ctx.index as usize)
                 .and_then(Option::take);
             let catalog = persisted.unwrap_or_else(|| self.initial[region as usize].clone());
-            mesh.restore(now, Restore::Catalog(catalog));
+            mesh.restore(now, Restore::Catalog(Box::new(catalog)));
             let seeds = self.seed_addrs(topo, region, ctx.index);
             mesh.join(now, &seeds);
             self.regions_on_restart(ctx.index);

@@ -186,7 +186,7 @@ impl ShoalHarness {
             self.keys.clone(),
             ctx.seed,
         );
-        mesh.restore(now, Restore::Catalog(catalog));
+        mesh.restore(now, Restore::Catalog(Box::new(catalog)));
         let seeds = self.seed_addrs(&topo, region, on);
         mesh.join(now, &seeds);
         {
