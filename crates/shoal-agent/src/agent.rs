@@ -126,7 +126,7 @@ pub async fn run_until(
             .push(format!("{}: {}", r.path.display(), r.reason));
     }
     if let Some(l) = loaded {
-        let out = mesh.catalog_mut().install(&l.snapshot, &keyring);
+        let out = mesh.restore(0, shoal_mesh::mesh::Restore::Snapshot(&l.snapshot));
         tracing::info!(file = %l.path.display(), records = l.snapshot.record_count(), ?out, "persisted snapshot loaded (stale until peers or the authority answer)");
         status.loaded_snapshot_written = Some(l.written);
     }

@@ -119,9 +119,7 @@ impl Driver {
 
     fn fire_timers(&mut self) {
         let now = self.shared.now_ms();
-        while let Some(token) = self.io.pop_due(now) {
-            self.with_mesh(|m| m.handle_timer(now, token));
-        }
+        self.with_mesh(|m| m.handle_timeout(now));
     }
 
     fn on_inbound(&mut self, msg: Inbound) {
@@ -155,7 +153,8 @@ impl Driver {
         if let Ok(AuthorityOk::Committed { records }) = &result {
             let lifecycle = records.iter().cloned().map(Arc::new).collect();
             let now = self.shared.now_ms();
-            self.with_mesh(|m| m.handle_command(now, Command::Publish { lifecycle }));
+            let r = self.with_mesh(|m| m.handle_command(now, Command::Publish { lifecycle }));
+            mesh_refused(r);
         }
         let reply = AuthorityReply {
             request_id: req.request_id,
@@ -190,14 +189,14 @@ impl Driver {
     fn on_cmd(&mut self, cmd: DriverCmd) {
         let now = self.shared.now_ms();
         match cmd {
-            DriverCmd::Mesh(c) => self.with_mesh(|m| m.handle_command(now, c)),
+            DriverCmd::Mesh(c) => mesh_refused(self.with_mesh(|m| m.handle_command(now, c))),
             DriverCmd::MeshAck(c, done) => {
-                self.with_mesh(|m| m.handle_command(now, c));
+                mesh_refused(self.with_mesh(|m| m.handle_command(now, c)));
                 let _ = done.send(());
             }
             DriverCmd::Join(seeds) => {
                 if !seeds.is_empty() {
-                    self.with_mesh(|m| m.handle_command(now, Command::Join { seeds }));
+                    self.with_mesh(|m| m.join(now, &seeds));
                 }
             }
             DriverCmd::PersistNow => self.persist(),
@@ -329,10 +328,6 @@ impl Driver {
                 tracing::info!(records, "full snapshot installed");
                 shared.index.bump_everything();
             }
-            MeshEvent::Refused(r) => {
-                tracing::debug!(?r, "mesh refused a command");
-                crate::metrics::rejected("mesh_command", "refused");
-            }
         }
     }
 
@@ -442,7 +437,7 @@ impl Driver {
                     addresses = members.len(),
                     "address book restored from members.json"
                 );
-                self.with_mesh(|m| m.handle_command(now, Command::RestoreKnown { addresses }));
+                self.with_mesh(|m| m.restore_known(now, &addresses));
             }
             Err(e) => {
                 counter!("shoal_members_file_refused_total").increment(1);
@@ -454,7 +449,7 @@ impl Driver {
     async fn shutdown(mut self) {
         tracing::info!("shutting down: leaving the mesh");
         let now = self.shared.now_ms();
-        self.with_mesh(|m| m.handle_command(now, Command::Leave));
+        self.with_mesh(|m| m.leave(now));
         self.persist();
         self.io.close().await;
     }
@@ -493,4 +488,13 @@ fn services_of_instances(
         .collect();
     keys.dedup();
     keys
+}
+
+/// A command the core refused: logged at debug (callers see the outcome in the catalog) and
+/// counted in `shoal_rejected_inputs_total{source="mesh_command",reason="refused"}`.
+fn mesh_refused(r: Result<(), shoal_mesh::Refusal>) {
+    if let Err(r) = r {
+        tracing::debug!(?r, "mesh refused a command");
+        crate::metrics::rejected("mesh_command", "refused");
+    }
 }

@@ -360,10 +360,15 @@ impl MemberDriver {
                 },
                 cmd = cmds.recv() => match cmd {
                     Some(MemberCmd::Publish(lifecycle)) => {
-                        self.pump(|m, now| m.handle_command(now, Command::Publish { lifecycle }));
+                        self.pump(|m, now| {
+                            if let Err(r) = m.handle_command(now, Command::Publish { lifecycle }) {
+                                tracing::debug!(?r, "mesh refused a publish");
+                                counter!("shoal_authority_mesh_publish_refused_total").increment(1);
+                            }
+                        });
                     }
                     Some(MemberCmd::Join(seeds)) => {
-                        self.pump(|m, now| m.handle_command(now, Command::Join { seeds }));
+                        self.pump(|m, now| m.join(now, &seeds));
                     }
                     Some(MemberCmd::Summaries(keys, at_ms, reply)) => {
                         let region = self.mesh.region().clone();
@@ -384,7 +389,7 @@ impl MemberDriver {
                 _ = persist.tick() => self.persist_book(),
             }
         };
-        self.pump(|m, now| m.handle_command(now, Command::Leave));
+        self.pump(|m, now| m.leave(now));
         self.persist_book();
         self.io.close().await;
         if let Some(done) = stop {
@@ -394,9 +399,7 @@ impl MemberDriver {
 
     fn fire_timers(&mut self) {
         let now = self.now_ms();
-        while let Some(token) = self.io.pop_due(now) {
-            self.pump(|m, _| m.handle_timer(now, token));
-        }
+        self.pump(|m, _| m.handle_timeout(now));
     }
 
     /// Feeds one input at the current time, then drains transmits, timers and events.
@@ -422,7 +425,7 @@ impl MemberDriver {
                     addresses = members.len(),
                     "embedded member: address book restored from members.json"
                 );
-                self.pump(|m, now| m.handle_command(now, Command::RestoreKnown { addresses }));
+                self.pump(|m, now| m.restore_known(now, &addresses));
             }
             Err(e) => {
                 counter!("shoal_authority_mesh_members_file_refused_total").increment(1);
@@ -502,11 +505,6 @@ impl MemberDriver {
                 v.active = false;
                 v.active_since_ms = None;
                 true
-            }
-            MeshEvent::Refused(r) => {
-                tracing::debug!(?r, "mesh refused a publish");
-                counter!("shoal_authority_mesh_publish_refused_total").increment(1);
-                false
             }
             MeshEvent::LifecycleApplied(_)
             | MeshEvent::HealthApplied(_)

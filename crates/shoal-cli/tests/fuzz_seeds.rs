@@ -104,9 +104,7 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         1,
     );
     joiner.start(0);
-    joiner
-        .membership_mut()
-        .join(0, &["127.0.0.1:7000".parse().unwrap()]);
+    joiner.join(0, &["127.0.0.1:7000".parse().unwrap()]);
     while let Some(t) = joiner.poll_transmit() {
         if t.channel == shoal_mesh::Channel::Datagram {
             let mut b = vec![u8::try_from(t.bytes.len().min(255)).unwrap()];

@@ -14,11 +14,12 @@
 //! 2. **Form the region.** [`Mesh::bootstrap`] with known members (a new agent would send
 //!    [`Command::Join`] with seed addresses instead).
 //! 3. **Publish** an authority-signed lifecycle record at one agent with [`Command::Publish`].
-//! 4. **Pump.** After *every* input drain [`Mesh::poll_transmit`], then [`Mesh::poll_timer`],
-//!    then [`Mesh::poll_event`]. Hand each transmit to the agent listening at its address
-//!    (datagrams to [`Mesh::handle_datagram`], stream messages to
-//!    [`Mesh::handle_stream_message`]) and each timer back to [`Mesh::handle_timer`] once the
-//!    clock reaches its deadline. Time is an input: here the clock jumps from timer to timer.
+//! 4. **Pump.** After *every* input drain [`Mesh::poll_transmit`], then [`Mesh::poll_event`].
+//!    Hand each transmit to the agent listening at its address (datagrams to
+//!    [`Mesh::handle_datagram`], stream messages to [`Mesh::handle_stream_message`]). The core
+//!    keeps its own timers: [`Mesh::poll_timeout`] says when the next is due, and
+//!    [`Mesh::handle_timeout`] fires what is due once the clock gets there. Time is an input:
+//!    here the clock jumps from deadline to deadline.
 //! 5. **Observe** [`MeshEvent::LifecycleApplied`] at the other agent: the READY record was held
 //!    for [`MeshConfig::coalesce_ms`] and then pushed.
 //! 6. **Read** a routable view from the catalog, with [`Mesh::liveness`] deriving "owner down"
@@ -31,7 +32,7 @@
 //!
 //! use shoal_catalog::testkit::Fixture;
 //! use shoal_catalog::Keyring;
-//! use shoal_mesh::{Channel, Command, MemberId, Mesh, MeshConfig, MeshEvent, MeshTimer, Transmit};
+//! use shoal_mesh::{Channel, Command, MemberId, Mesh, MeshConfig, MeshEvent, Transmit};
 //! use shoal_proto::{Generation, LifecycleState, Zone};
 //!
 //! // 1. Create: node-0 and node-1 of the fixture's region `test`.
@@ -47,19 +48,15 @@
 //!     })
 //!     .collect();
 //!
-//! // Everything an agent asked for, waiting for the driver.
+//! // Everything an agent sent or reported, waiting for the driver.
 //! #[derive(Default)]
 //! struct Outputs {
 //!     in_flight: VecDeque<(usize, Transmit)>,
-//!     timers: Vec<(u64, usize, MeshTimer)>,
 //!     events: Vec<(usize, MeshEvent)>,
 //! }
 //! fn drain(agents: &mut [Mesh<Keyring>], i: usize, out: &mut Outputs) {
 //!     while let Some(t) = agents[i].poll_transmit() {
 //!         out.in_flight.push_back((i, t));
-//!     }
-//!     while let Some((at, token)) = agents[i].poll_timer() {
-//!         out.timers.push((at, i, token));
 //!     }
 //!     while let Some(e) = agents[i].poll_event() {
 //!         out.events.push((i, e));
@@ -76,7 +73,8 @@
 //!
 //! // 3. Publish instance `web-1` (owned by node-0) as READY at revision 1, at agent 0.
 //! let record = Arc::new(fx.lifecycle("web-1", 1, 1, LifecycleState::Ready));
-//! agents[0].handle_command(now, Command::Publish { lifecycle: vec![record.clone()] });
+//! let published = agents[0].handle_command(now, Command::Publish { lifecycle: vec![record.clone()] });
+//! assert_eq!(published, Ok(()), "a record the authority signed is never refused");
 //! drain(&mut agents, 0, &mut out);
 //!
 //! // 4. Pump until agent 1 reports the record.
@@ -92,11 +90,13 @@
 //!         }
 //!         drain(&mut agents, to, &mut out);
 //!     } else {
-//!         // Nothing in flight: move the clock to the earliest timer and fire it.
-//!         out.timers.sort_by_key(|(at, ..)| *at);
-//!         let (at, i, token) = out.timers.remove(0);
+//!         // Nothing in flight: move the clock to the earliest deadline and fire what is due.
+//!         let (at, i) = (0..2)
+//!             .filter_map(|i| Some((agents[i].poll_timeout()?, i)))
+//!             .min()
+//!             .expect("periodic timers are always armed");
 //!         now = now.max(at);
-//!         agents[i].handle_timer(now, token);
+//!         agents[i].handle_timeout(now);
 //!         drain(&mut agents, i, &mut out);
 //!     }
 //!     assert!(now < 10_000, "the record should have arrived long ago");
@@ -120,4 +120,7 @@ pub mod messages;
 mod record_codec;
 
 pub use membership::{MemberId, Membership, MembershipConfig, MembershipEvent};
-pub use mesh::{Channel, Command, Mesh, MeshConfig, MeshCounters, MeshEvent, MeshTimer, Transmit};
+pub use mesh::{
+    Channel, Command, Mesh, MeshConfig, MeshCounters, MeshEvent, MeshTimer, Refusal, TimerToken,
+    Transmit,
+};

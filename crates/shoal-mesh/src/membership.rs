@@ -316,6 +316,7 @@ impl Membership {
 
     /// Next datagram to send: `(destination, bytes)`, bytes including the envelope header and
     /// never longer than [`MembershipConfig::max_packet_bytes`].
+    #[must_use = "a datagram not sent is lost"]
     pub fn poll_transmit(&mut self) -> Option<(SocketAddr, Vec<u8>)> {
         let out = self.transmits.pop_front()?;
         self.counters.datagrams_out += 1;
@@ -325,11 +326,13 @@ impl Membership {
 
     /// Next timer to schedule: `(deadline_ms, token)`. Deliver with
     /// [`Membership::handle_timer`] at or after `deadline_ms`.
+    #[must_use = "a timer not handed back never fires"]
     pub fn poll_timer(&mut self) -> Option<(u64, MembershipTimer)> {
         self.timers.pop_front()
     }
 
     /// Next membership event, in the order they happened.
+    #[must_use = "events are the caller's to handle"]
     pub fn poll_event(&mut self) -> Option<MembershipEvent> {
         self.events.pop_front()
     }

@@ -1,11 +1,17 @@
 //! One agent's protocol core: SWIM membership + record dissemination + anti-entropy.
 //!
 //! # Shape (sans-IO, after `quinn-proto`)
-//! * inputs: [`Mesh::handle_datagram`], [`Mesh::handle_stream_message`], [`Mesh::handle_timer`],
-//!   [`Mesh::handle_command`] — each takes `now_ms` (monotonic milliseconds of the driver),
-//!   which must never decrease from one input to the next (asserted in debug builds);
-//! * outputs, drained after every input in this order: [`Mesh::poll_transmit`] until `None`,
-//!   [`Mesh::poll_timer`] until `None`, [`Mesh::poll_event`] until `None`;
+//! * inputs: [`Mesh::handle_datagram`], [`Mesh::handle_stream_message`],
+//!   [`Mesh::handle_timeout`] (or [`Mesh::handle_timer`]), [`Mesh::handle_command`] — each takes
+//!   `now_ms` (monotonic milliseconds of the driver), which must never decrease from one input
+//!   to the next (asserted in debug builds);
+//! * outputs, drained after every input: [`Mesh::poll_transmit`] until `None`, then
+//!   [`Mesh::poll_event`] until `None`;
+//! * timers are the core's: it keeps every timer it arms (`src/mesh/timers.rs`); the driver asks [`Mesh::poll_timeout`] for the next deadline after
+//!   every input and calls [`Mesh::handle_timeout`] once the clock reaches it. A driver that
+//!   orders timers with other events in one queue of its own (the simulator) takes each armed
+//!   timer once from [`Mesh::poll_armed`] instead and fires it by token with
+//!   [`Mesh::handle_timer`];
 //! * getters: [`Mesh::catalog`], [`Mesh::membership`], [`Mesh::liveness`], [`Mesh::counters`].
 //!
 //! # Record dissemination (Plumtree, Leitão et al., SRDS 2007)
@@ -36,6 +42,7 @@
 //! and `after_input`, which runs after every input. The rest is in `src/mesh/`, one idea each:
 //! * `config.rs`: [`MeshConfig`]; `io.rs`: [`Transmit`], [`Channel`], [`MeshTimer`],
 //!   [`Command`], [`MeshEvent`], [`Refusal`]; `counters.rs`: [`MeshCounters`], [`Flow`];
+//! * `timers.rs`: the timer table and [`TimerToken`];
 //! * `coalesce.rs`: the outbox, withdrawal classification and the flush into eager pushes;
 //! * `plumtree.rs`: eager/lazy peer sets, PRUNE, IHAVE, GRAFT;
 //! * `delta.rs`: deltas and snapshots, the replies shared by GRAFT and anti-entropy;
@@ -53,16 +60,21 @@ mod gc;
 mod health;
 mod io;
 mod plumtree;
+mod timers;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use rand_chacha::rand_core::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use shoal_catalog::snapshot::Snapshot;
 use shoal_catalog::view::Liveness;
-use shoal_catalog::{Catalog, MergeOutcome, Verifier};
+use shoal_catalog::{Catalog, DeltaOutcome, MergeOutcome, Verifier};
 use shoal_proto::envelope::{self, MessageKind};
-use shoal_proto::{Generation, HealthSeq, InstanceId, NodeId, Region, Revision, SigningKey, Zone};
+use shoal_proto::{
+    Generation, HealthSeq, InstanceId, NodeId, Region, Revision, SignedLifecycle, SigningKey, Zone,
+};
 
 use crate::membership::{MemberId, Membership, MembershipEvent};
 use crate::messages::StreamMessage;
@@ -72,6 +84,8 @@ use coalesce::Outgoing;
 pub use config::MeshConfig;
 pub use counters::{Flow, MeshCounters};
 pub use io::{Channel, Command, MeshEvent, MeshTimer, Refusal, Transmit};
+use timers::TimerTable;
+pub use timers::TimerToken;
 
 /// Derived liveness from SWIM (+ nothing ejected: ejection is the agent's, per caller).
 pub struct MeshLiveness<'a> {
@@ -85,6 +99,21 @@ impl Liveness for MeshLiveness<'_> {
     fn is_ejected(&self, _: &InstanceId, _: Generation) -> bool {
         false
     }
+}
+
+/// What [`Mesh::restore`] restores from.
+#[derive(Debug)]
+pub enum Restore<'a> {
+    /// A decoded, verified snapshot (`shoal_catalog::snapshot::decode`; the agent's persisted
+    /// file): installed record by record into the core's catalog
+    /// ([`Catalog::install`]), whose merge counters count it.
+    Snapshot(&'a Snapshot),
+    /// A whole catalog the driver kept in memory instead of its encoding (the simulator: each
+    /// agent's last persisted catalog, or its region's steady state at first boot, shared
+    /// copy-on-write). It replaces the core's catalog, with its merge counters zeroed, as a
+    /// fresh process's are. The simulator cannot install snapshots instead without changing
+    /// its reports (docs/adr/0021-core-owned-timers.md, "Restore").
+    Catalog(Box<Catalog>),
 }
 
 /// The protocol core of one agent. See the [module docs](self).
@@ -126,7 +155,10 @@ pub struct Mesh<V: Verifier> {
     open_gaps: usize,
     gap_checked_at: u64,
     transmits: VecDeque<Transmit>,
-    timers: VecDeque<(u64, MeshTimer)>,
+    /// Timers armed during the current input, filed into `timers` (after membership's) at its
+    /// end, so tokens follow the order the drivers used to see them in.
+    armed_now: Vec<(u64, MeshTimer)>,
+    timers: TimerTable,
     events: VecDeque<MeshEvent>,
     counters: MeshCounters,
     /// The `now_ms` of the latest input: time is an input and must never go backwards.
@@ -179,7 +211,8 @@ impl<V: Verifier> Mesh<V> {
             open_gaps: 0,
             gap_checked_at: u64::MAX,
             transmits: VecDeque::new(),
-            timers: VecDeque::new(),
+            armed_now: Vec::new(),
+            timers: TimerTable::default(),
             events: VecDeque::new(),
             counters: MeshCounters::default(),
             last_now_ms: 0,
@@ -196,19 +229,16 @@ impl<V: Verifier> Mesh<V> {
         &self.catalog
     }
 
-    /// Mutable catalog access, for the driver to install a persisted snapshot at boot.
-    pub fn catalog_mut(&mut self) -> &mut Catalog {
-        &mut self.catalog
+    /// Swaps catalog maps equal to `reference`'s for shared copies
+    /// ([`Catalog::share_equal_maps`]): memory only, the contents do not change. Returns how
+    /// many maps were swapped.
+    pub fn share_catalog_maps(&mut self, reference: &Catalog) -> usize {
+        self.catalog.share_equal_maps(reference)
     }
 
     /// The SWIM membership.
     pub fn membership(&self) -> &Membership {
         &self.membership
-    }
-
-    /// Mutable membership access (the simulator bootstraps large regions through it).
-    pub fn membership_mut(&mut self) -> &mut Membership {
-        &mut self.membership
     }
 
     /// Derived liveness for views.
@@ -292,8 +322,57 @@ impl<V: Verifier> Mesh<V> {
         }
     }
 
-    /// A timer fired.
-    pub fn handle_timer(&mut self, now_ms: u64, timer: MeshTimer) {
+    /// The earliest deadline of the core's timers, monotonic ms; `None` when none is armed
+    /// (never once the periodic timers run). Ask after every input: an input may arm an earlier
+    /// timer. A deadline at or before the current time is due now.
+    #[must_use = "the core does nothing at its deadline unless handle_timeout is called"]
+    pub fn poll_timeout(&self) -> Option<u64> {
+        self.timers.next_deadline()
+    }
+
+    /// Fires every timer due at `now_ms`: earliest deadline first, equal deadlines in the order
+    /// they were armed, including timers a firing arms that are already due. Drain the outputs
+    /// afterwards as after any input. Nothing is due: a no-op.
+    pub fn handle_timeout(&mut self, now_ms: u64) {
+        self.observe_now(now_ms);
+        while let Some(timer) = self.timers.pop_due(now_ms) {
+            self.fire(now_ms, timer);
+        }
+        debug_assert!(
+            self.poll_timeout().is_none_or(|at| at > now_ms),
+            "a timer due at {now_ms} was left pending"
+        );
+    }
+
+    /// The next timer armed since the last call, once each, in arming order:
+    /// `(deadline_ms, token)`; fire it with [`Mesh::handle_timer`]. Only for a driver that
+    /// orders timers in an event queue of its own (the simulator); drivers that use
+    /// [`Mesh::poll_timeout`] never need it. Yields only timers still pending.
+    #[must_use = "a token not taken here can only fire through handle_timeout"]
+    pub fn poll_armed(&mut self) -> Option<(u64, TimerToken)> {
+        self.timers.next_armed()
+    }
+
+    /// Fires the timer of `token` (from [`Mesh::poll_armed`]) now: the driver's queue decided it
+    /// is due. A stale token (already fired, by token or by [`Mesh::handle_timeout`]) is a
+    /// no-op.
+    pub fn handle_timer(&mut self, now_ms: u64, token: TimerToken) {
+        if let Some(timer) = self.timers.take(token) {
+            self.fire(now_ms, timer);
+        }
+    }
+
+    /// Pending timers in arming order, `(deadline_ms, what)`: for tests and status pages.
+    pub fn pending_timers(&self) -> impl Iterator<Item = (u64, &MeshTimer)> {
+        self.timers.iter()
+    }
+
+    /// How many timers are pending.
+    pub fn timers_pending(&self) -> usize {
+        self.timers.len()
+    }
+
+    fn fire(&mut self, now_ms: u64, timer: MeshTimer) {
         self.observe_now(now_ms);
         match timer {
             MeshTimer::Membership(t) => self.membership.handle_timer(now_ms, t),
@@ -326,41 +405,106 @@ impl<V: Verifier> Mesh<V> {
         self.after_input(now_ms);
     }
 
-    /// A command from the driver.
-    pub fn handle_command(&mut self, now_ms: u64, command: Command) {
-        self.observe_now(now_ms);
-        match command {
+    /// A command from the driver (contract C3, `docs/invariants.md`). Only
+    /// [`Command::Publish`] and [`Command::ReportHealth`] can be refused; the outputs of the input are queued either way (a publish applies every
+    /// record it can).
+    ///
+    /// # Errors
+    /// [`Refusal`]: health for an instance this node does not own, or records that did not
+    /// merge. Each refused record is also counted in [`MeshCounters::refused`].
+    pub fn handle_command(&mut self, now_ms: u64, command: Command) -> Result<(), Refusal> {
+        self.input(now_ms, |m| match command {
             Command::Join { seeds } => {
-                self.membership.join(now_ms, &seeds);
-                self.arm_periodic(now_ms);
-                self.catch_up = true;
+                m.join_seeds(now_ms, &seeds);
+                Ok(())
             }
-            Command::Leave => self.membership.leave(now_ms),
+            Command::Leave => {
+                m.membership.leave(now_ms);
+                Ok(())
+            }
             Command::RestoreKnown { addresses } => {
-                self.membership.restore_known(now_ms, &addresses);
+                m.membership.restore_known(now_ms, &addresses);
+                Ok(())
             }
-            Command::Publish { lifecycle } => {
-                for rec in lifecycle {
-                    let urgent = self.is_urgent_lifecycle(&rec);
-                    match self.catalog.apply_lifecycle(rec.clone(), &self.verifier) {
-                        MergeOutcome::Applied => {
-                            self.announce_now |= urgent;
-                            self.on_lifecycle_applied(rec, None, urgent);
-                        }
-                        MergeOutcome::Duplicate | MergeOutcome::Stale => {}
-                        other => self.refuse(Refusal::Publish(other.as_label().to_owned())),
-                    }
-                }
-            }
+            Command::Publish { lifecycle } => m.publish(lifecycle),
             Command::ReportHealth {
                 key,
                 instance,
                 generation,
                 status,
                 reason,
-            } => self.report_health(key, instance, generation, status, reason),
-        }
+            } => m.report_health(key, instance, generation, status, reason),
+        })
+    }
+
+    /// [`Command::Join`], which is never refused: join through these seed addresses.
+    pub fn join(&mut self, now_ms: u64, seeds: &[SocketAddr]) {
+        self.input(now_ms, |m| m.join_seeds(now_ms, seeds));
+    }
+
+    /// [`Command::Leave`], which is never refused: leave gracefully.
+    pub fn leave(&mut self, now_ms: u64) {
+        self.input(now_ms, |m| m.membership.leave(now_ms));
+    }
+
+    /// [`Command::RestoreKnown`], which is never refused.
+    pub fn restore_known(&mut self, now_ms: u64, addresses: &[crate::membership::KnownAddress]) {
+        self.input(now_ms, |m| m.membership.restore_known(now_ms, addresses));
+    }
+
+    /// One input: checks the clock, runs `f`, then everything that follows every input.
+    fn input<R>(&mut self, now_ms: u64, f: impl FnOnce(&mut Self) -> R) -> R {
+        self.observe_now(now_ms);
+        let r = f(self);
         self.after_input(now_ms);
+        r
+    }
+
+    fn join_seeds(&mut self, now_ms: u64, seeds: &[SocketAddr]) {
+        self.membership.join(now_ms, seeds);
+        self.arm_periodic(now_ms);
+        self.catch_up = true;
+    }
+
+    fn publish(&mut self, lifecycle: Vec<Arc<SignedLifecycle>>) -> Result<(), Refusal> {
+        let mut refused = Vec::new();
+        for rec in lifecycle {
+            let urgent = self.is_urgent_lifecycle(&rec);
+            match self.catalog.apply_lifecycle(rec.clone(), &self.verifier) {
+                MergeOutcome::Applied => {
+                    self.announce_now |= urgent;
+                    self.on_lifecycle_applied(rec, None, urgent);
+                }
+                MergeOutcome::Duplicate | MergeOutcome::Stale => {}
+                other => {
+                    self.counters.refused += 1;
+                    refused.push((rec.record.instance.clone(), other.as_label()));
+                }
+            }
+        }
+        if refused.is_empty() {
+            Ok(())
+        } else {
+            Err(Refusal::Publish { refused })
+        }
+    }
+
+    /// Restores what a previous process of this agent persisted, before it joins: the one way
+    /// a driver puts a catalog into the core (contract C5, `docs/invariants.md`) (the agent at boot, the simulator at every
+    /// (re)start). An input like any other (`now_ms` must not go backwards); it sends
+    /// nothing and the gap accounting counts what the restored catalog lacks.
+    ///
+    /// Returns what installing a snapshot merged; restoring a [`Restore::Catalog`] merges
+    /// nothing and returns the empty outcome.
+    pub fn restore(&mut self, now_ms: u64, from: Restore<'_>) -> DeltaOutcome {
+        self.input(now_ms, |m| match from {
+            Restore::Snapshot(snap) => m.catalog.install(snap, &m.verifier),
+            Restore::Catalog(catalog) => {
+                m.catalog = *catalog;
+                m.catalog.reset_counters();
+                DeltaOutcome::default()
+            }
+        })
     }
 
     /// Seeds membership with `members` (see [`Membership::bootstrap`]) and arms the periodic
@@ -383,6 +527,7 @@ impl<V: Verifier> Mesh<V> {
     // ---- outputs ---------------------------------------------------------------------------
 
     /// Next thing to send.
+    #[must_use = "a transmit not sent is lost"]
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         if let Some((to, bytes)) = self.membership.poll_transmit() {
             return Some(Transmit {
@@ -394,15 +539,8 @@ impl<V: Verifier> Mesh<V> {
         self.transmits.pop_front()
     }
 
-    /// Next timer to schedule: `(deadline_ms, token)`.
-    pub fn poll_timer(&mut self) -> Option<(u64, MeshTimer)> {
-        if let Some((at, t)) = self.membership.poll_timer() {
-            return Some((at, MeshTimer::Membership(t)));
-        }
-        self.timers.pop_front()
-    }
-
     /// Next event.
+    #[must_use = "events are the driver's to handle"]
     pub fn poll_event(&mut self) -> Option<MeshEvent> {
         self.events.pop_front()
     }
@@ -429,7 +567,23 @@ impl<V: Verifier> Mesh<V> {
     }
 
     fn push_timer(&mut self, at: u64, timer: MeshTimer) {
-        self.timers.push_back((at, timer));
+        debug_assert!(
+            at >= self.last_now_ms,
+            "{timer:?} armed in the past: {at} < {}",
+            self.last_now_ms
+        );
+        self.armed_now.push((at, timer));
+    }
+
+    /// Files the timers armed by this input: membership's first, then the mesh's own, each in
+    /// arming order (the order the drivers' own queues used to receive them in).
+    fn file_timers(&mut self) {
+        while let Some((at, t)) = self.membership.poll_timer() {
+            self.timers.arm(at, MeshTimer::Membership(t));
+        }
+        for (at, t) in self.armed_now.drain(..) {
+            self.timers.arm(at, t);
+        }
     }
 
     fn push_event(&mut self, event: MeshEvent) {
@@ -438,11 +592,6 @@ impl<V: Verifier> Mesh<V> {
             return;
         }
         self.events.push_back(event);
-    }
-
-    fn refuse(&mut self, r: Refusal) {
-        self.counters.refused += 1;
-        self.push_event(MeshEvent::Refused(r));
     }
 
     fn send(&mut self, to: SocketAddr, msg: &StreamMessage) {
@@ -470,8 +619,9 @@ impl<V: Verifier> Mesh<V> {
         });
     }
 
-    /// Checks the clock contract of every input: `now_ms` never decreases (quinn-proto's rule
-    /// for `now`; the coalescing window, jitter and the GC horizon all assume it).
+    /// Checks the clock contract of every input: `now_ms` never decreases (contract C1,
+    /// `docs/invariants.md`; quinn-proto's rule for `now`: the coalescing window, jitter and
+    /// the GC horizon all assume it).
     fn observe_now(&mut self, now_ms: u64) {
         debug_assert!(
             now_ms >= self.last_now_ms,
@@ -552,6 +702,7 @@ impl<V: Verifier> Mesh<V> {
             }
             self.open_gaps = gaps;
         }
+        self.file_timers();
         self.debug_check_after_input();
     }
 
@@ -578,6 +729,46 @@ impl<V: Verifier> Mesh<V> {
         debug_assert!(
             self.outbox.is_empty() || self.flush_at.is_some(),
             "records wait in the outbox with no flush armed"
+        );
+        debug_assert!(self.armed_now.is_empty(), "armed timers left unfiled");
+        self.debug_check_timers();
+    }
+
+    /// The timer bookkeeping agrees with the timer table (contract C2, `docs/invariants.md`;
+    /// debug builds only): each periodic
+    /// timer pending exactly once while armed (never lost, never doubled), `graft_armed`
+    /// exactly when one graft check is pending and always while announced records are missing,
+    /// and the flush `flush_at` names pending.
+    fn debug_check_timers(&self) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        let (mut ihave, mut ae, mut gc, mut graft) = (0, 0, 0, 0);
+        let mut flush_pending = false;
+        for (at, t) in self.timers.iter() {
+            match t {
+                MeshTimer::IHave => ihave += 1,
+                MeshTimer::AntiEntropy => ae += 1,
+                MeshTimer::Gc => gc += 1,
+                MeshTimer::Graft => graft += 1,
+                MeshTimer::Flush => flush_pending |= self.flush_at == Some(at),
+                MeshTimer::Membership(_) => {}
+            }
+        }
+        let periodic = usize::from(self.periodic_armed);
+        assert_eq!(
+            (ihave, ae, gc),
+            (periodic, periodic, periodic),
+            "periodic timers pending (IHAVE, anti-entropy, GC)"
+        );
+        assert_eq!(graft, usize::from(self.graft_armed), "graft checks pending");
+        assert!(
+            self.graft_armed || (self.missing_regions.is_empty() && self.missing_owners.is_empty()),
+            "announced records are missing with no graft check armed"
+        );
+        assert!(
+            self.flush_at.is_none() || flush_pending,
+            "flush_at names no pending flush"
         );
     }
 

@@ -423,31 +423,52 @@ fn malformed_datagrams_are_counted_and_ignored() {
     assert!(c.converged(9));
 }
 
+/// A join retry that already fired is stale: handed back again it sends nothing, reports
+/// nothing and only counts `stale_timers`, while its first delivery did announce to the seed.
+/// (The foca-epoch staleness path is not exercised here.)
 #[test]
-fn stale_timers_are_noops() {
-    let mut c = converge(10, 43, 0.0);
-    // Re-deliver every timer of node 2 from a previous life: a fresh process ignores them.
+fn a_join_retry_delivered_twice_is_a_noop_the_second_time() {
+    let config = MembershipConfig::for_cluster_size(10);
     let mut m = Membership::new(
         MemberId {
             node: node_id(2),
             addr: addr(2),
             boot: Generation(1),
         },
-        c.config.clone(),
+        config.clone(),
         5,
     );
-    m.join(c.now, &[addr(0)]);
+    m.join(0, &[addr(0)]);
     while m.poll_transmit().is_some() {}
-    let mut timers = Vec::new();
-    while let Some((_, t)) = m.poll_timer() {
-        timers.push(t);
+    while m.poll_event().is_some() {}
+    let mut retries = Vec::new();
+    while let Some((at, t)) = m.poll_timer() {
+        if format!("{t:?}").contains("JoinRetry") {
+            retries.push((at, t));
+        }
     }
-    // The join retry armed above is live; deliver it twice: the second is stale.
-    let t = timers.pop().unwrap();
-    m.handle_timer(c.now + 1_000, t.clone());
-    m.handle_timer(c.now + 1_000, t);
-    assert_eq!(m.counters().stale_timers, 1);
-    c.run_until(c.now + 1_000);
+    let [(at, retry)] = <[_; 1]>::try_from(retries).expect("one join retry armed");
+    // Nobody answered: the first delivery announces to the seed again.
+    m.handle_timer(at, retry.clone());
+    let mut announced = 0;
+    while let Some((to, _)) = m.poll_transmit() {
+        assert_eq!(to, addr(0));
+        announced += 1;
+    }
+    assert!(announced > 0, "a live join retry announces to the seed");
+    assert_eq!(m.counters().stale_timers, 0);
+    while m.poll_timer().is_some() {}
+    while m.poll_event().is_some() {}
+    // The same token again: stale.
+    let before = m.counters();
+    m.handle_timer(at + config.join_retry_ms, retry);
+    assert!(m.poll_transmit().is_none(), "a stale retry sends nothing");
+    assert!(m.poll_timer().is_none(), "a stale retry arms nothing");
+    assert!(m.poll_event().is_none(), "a stale retry reports nothing");
+    let mut after = m.counters();
+    assert_eq!(after.stale_timers, before.stale_timers + 1);
+    after.stale_timers = before.stale_timers;
+    assert_eq!(after, before, "nothing else moved");
 }
 
 #[test]

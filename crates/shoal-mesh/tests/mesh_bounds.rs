@@ -99,7 +99,7 @@ fn malformed_oversized_and_wrong_kind_stream_messages_are_counted_and_change_not
         *expected.entry(label).or_default() += 1;
         assert_eq!(m.counters().rejected, expected, "after a {label} message");
         assert!(m.poll_transmit().is_none(), "{label}: nothing sent");
-        assert!(m.poll_timer().is_none(), "{label}: nothing scheduled");
+        assert!(m.poll_armed().is_none(), "{label}: nothing scheduled");
         assert!(m.poll_event().is_none(), "{label}: nothing reported");
     }
     assert!(m.catalog() == &catalog);
@@ -141,12 +141,7 @@ fn every_datagram_fits_the_configured_packet_size() {
     let mut c = Cluster::new(N, 23, cfg);
     c.loss = 0.05;
     for i in 1..N {
-        c.command(
-            i,
-            Command::Join {
-                seeds: vec![addr(0)],
-            },
-        );
+        c.join(i, vec![addr(0)]);
         c.run_for(10);
     }
     c.run_for(5_000);
@@ -195,7 +190,6 @@ fn full_queues_count_overflow_instead_of_growing() {
     let m = &mut c.nodes[0].mesh;
     m.bootstrap(now, members);
     while m.poll_transmit().is_some() {}
-    while m.poll_timer().is_some() {}
     while m.poll_event().is_some() {}
     // Every peer grafts us: seven eager links.
     let graft = StreamMessage::Graft(Graft::default())
@@ -213,16 +207,23 @@ fn full_queues_count_overflow_instead_of_growing() {
         .map(|r| c.record(&format!("d{r}"), 1, Draining))
         .collect();
     let m = &mut c.nodes[0].mesh;
-    m.handle_command(now, Command::Publish { lifecycle: records });
-    let mut flush = None;
-    while let Some((at, t)) = m.poll_timer() {
-        if t == MeshTimer::Flush {
-            flush = Some(at);
-        }
-    }
-    let at = flush.expect("a flush is armed");
+    assert_eq!(
+        m.handle_command(now, Command::Publish { lifecycle: records }),
+        Ok(())
+    );
+    let flushes: Vec<u64> = m
+        .pending_timers()
+        .filter(|(_, t)| **t == MeshTimer::Flush)
+        .map(|(at, _)| at)
+        .collect();
+    let at = m.poll_timeout().expect("timers are armed");
+    assert_eq!(flushes, [at], "one flush is armed and it is the next timer");
     assert!(at <= now + m.config().urgent_coalesce_ms);
-    m.handle_timer(at, MeshTimer::Flush);
+    m.handle_timeout(at);
+    assert!(
+        m.pending_timers().all(|(_, t)| *t != MeshTimer::Flush),
+        "the flush fired"
+    );
 
     let counters = m.counters();
     assert_eq!(counters.outbox_overflow - before.outbox_overflow, 7);
@@ -296,4 +297,16 @@ fn the_same_seed_gives_the_same_transmits() {
     assert_eq!(a, b);
     let other = scenario(8);
     assert_ne!(a.0, other.0, "the seed matters");
+}
+
+/// Contract C1 (`docs/invariants.md`): a driver that hands the core an earlier `now_ms` than
+/// its previous input is caught, in debug builds (every test and simulator test runs one).
+#[test]
+#[cfg(debug_assertions)]
+#[should_panic(expected = "now_ms went backwards")]
+fn now_ms_going_backwards_is_caught() {
+    let mut c = Cluster::new(2, 1, config(2, |_| {}));
+    let m = &mut c.nodes[0].mesh;
+    m.start(1_000);
+    m.handle_timeout(999);
 }

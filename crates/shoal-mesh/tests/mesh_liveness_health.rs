@@ -78,7 +78,7 @@ fn health_for_another_nodes_instance_is_refused() {
     let sent_before = c.sent.len();
     let events_before = c.events.len();
     let at = c.now;
-    c.command(
+    let refused = c.command(
         5,
         Command::ReportHealth {
             key: c.fixture.key.clone(),
@@ -88,17 +88,14 @@ fn health_for_another_nodes_instance_is_refused() {
             reason: TransitionReason::ReadinessFailed,
         },
     );
-    let events: Vec<&MeshEvent> = c.events[events_before..]
-        .iter()
-        .map(|(_, _, e)| e)
-        .collect();
     assert_eq!(
-        events,
-        [&MeshEvent::Refused(Refusal::NotOwnInstance {
+        refused,
+        Err(Refusal::NotOwnInstance {
             key: c.fixture.key.clone(),
             instance: InstanceId::new("h").unwrap(),
-        })]
+        })
     );
+    assert_eq!(c.events.len(), events_before, "nothing reported");
     assert_eq!(c.mesh(5).counters().refused, 1);
     assert!(c.sent[sent_before..]
         .iter()
@@ -121,7 +118,7 @@ fn health_for_an_own_instance_of_another_generation_is_refused() {
     let mut c = Cluster::formed(4, 13, config(4, |_| {}), 1_000);
     let rec = c.record("h", 2, Ready);
     c.publish(2, vec![rec]);
-    c.command(
+    let refused = c.command(
         2,
         Command::ReportHealth {
             key: c.fixture.key.clone(),
@@ -130,6 +127,13 @@ fn health_for_an_own_instance_of_another_generation_is_refused() {
             status: HealthStatus::Failing,
             reason: TransitionReason::ReadinessFailed,
         },
+    );
+    assert_eq!(
+        refused,
+        Err(Refusal::NotOwnInstance {
+            key: c.fixture.key.clone(),
+            instance: InstanceId::new("h").unwrap(),
+        })
     );
     assert_eq!(c.mesh(2).counters().refused, 1);
 }
@@ -142,7 +146,7 @@ fn failing_health_from_the_owner_reaches_every_node_and_makes_the_endpoint_unhea
     c.run_for(1_000);
 
     let at = c.now;
-    c.command(
+    let reported = c.command(
         3,
         Command::ReportHealth {
             key: c.fixture.key.clone(),
@@ -152,6 +156,7 @@ fn failing_health_from_the_owner_reaches_every_node_and_makes_the_endpoint_unhea
             reason: TransitionReason::ReadinessFailed,
         },
     );
+    assert_eq!(reported, Ok(()));
     c.run_for(1_000);
 
     let mut arrivals = Vec::new();

@@ -3,30 +3,33 @@
 //! The loop every driver runs (agent `driver.rs`, authority `member.rs`):
 //!
 //! ```text
-//!   transport inbound ──► feed_inbound ─┐
-//!   timer_due()       ──► fire_due ─────┤   Mesh::handle_*   ──►  collect  ──► dispatch
-//!   host commands     ──► (host code) ──┘                           │            │
+//!   transport inbound ──► feed_inbound ───┐
+//!   timer_due()       ──► Mesh::handle_timeout ┤   Mesh::handle_*  ──►  collect  ──► dispatch
+//!   host commands     ──► (host code) ────┘                           │            │
 //!                                                   transmits ──────┘──► send (errors counted)
-//!                                                   timers    ──────────► TimerQueue
+//!                                                   poll_timeout ───────► next deadline
 //!                                                   events    ──────────► returned to the host
 //! ```
+//!
+//! The core keeps its own timers (`shoal_mesh::mesh` module docs): all a driver holds is the
+//! core's next deadline as of the last input, which [`MeshIo::collect`] reads with the outputs
+//! and [`MeshIo::dispatch`] keeps for [`MeshIo::timer_due`].
 //!
 //! [`MeshIo::collect`] takes only the mesh, so a host that keeps its mesh behind a lock (the
 //! agent) drains under the lock and sends after releasing it; a host that owns its mesh (the
 //! authority member) calls [`MeshIo::pump`].
 //!
-//! Polling order: the three outputs are independent queues; none has to be drained first.
+//! Polling order: the outputs are independent queues; none has to be drained first.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use shoal_catalog::Verifier;
-use shoal_mesh::{Channel, Mesh, MeshEvent, MeshTimer, Transmit};
+use shoal_mesh::{Channel, Mesh, MeshEvent, Transmit};
 use shoal_transport::transport::{Channel as TChannel, Inbound, Transport, TransportCounters};
 
 use crate::clock::MonoClock;
-use crate::timers::TimerQueue;
 
 /// How long the LEAVE announcement gets to go out before the transport closes, ms.
 pub const LEAVE_GRACE_MS: u64 = 100;
@@ -36,22 +39,24 @@ pub const LEAVE_GRACE_MS: u64 = 100;
 #[must_use = "outputs that are not dispatched are lost"]
 pub struct Outputs {
     transmits: Vec<Transmit>,
-    timers: Vec<(u64, MeshTimer)>,
     events: Vec<MeshEvent>,
+    /// The core's next timer deadline after the input, monotonic ms.
+    next_timeout_ms: Option<u64>,
 }
 
 impl Outputs {
-    /// True when the core had nothing queued.
+    /// True when the core had nothing to send or report.
     pub fn is_empty(&self) -> bool {
-        self.transmits.is_empty() && self.timers.is_empty() && self.events.is_empty()
+        self.transmits.is_empty() && self.events.is_empty()
     }
 }
 
-/// The transport, the timer queue and the clock of one mesh member.
+/// The transport, the core's next timer deadline and the clock of one mesh member.
 #[derive(Debug)]
 pub struct MeshIo {
     transport: Transport,
-    timers: TimerQueue,
+    /// The core's earliest timer deadline as of the last [`MeshIo::dispatch`], ms.
+    next_timeout_ms: Option<u64>,
     clock: MonoClock,
     send_errors: u64,
 }
@@ -61,7 +66,7 @@ impl MeshIo {
     pub fn new(transport: Transport, clock: MonoClock) -> Self {
         Self {
             transport,
-            timers: TimerQueue::new(),
+            next_timeout_ms: None,
             clock,
             send_errors: 0,
         }
@@ -93,29 +98,29 @@ impl MeshIo {
         self.send_errors
     }
 
-    /// Timers queued.
-    pub fn timers_queued(&self) -> usize {
-        self.timers.len()
+    /// The core's next timer deadline as of the last dispatch, monotonic ms.
+    pub fn next_timeout_ms(&self) -> Option<u64> {
+        self.next_timeout_ms
     }
 
-    /// Takes every queued output of `mesh`. No IO: cheap enough to call under a lock.
+    /// Takes every queued output of `mesh` and its next timer deadline. No IO: cheap enough
+    /// to call under a lock.
     pub fn collect<V: Verifier>(mesh: &mut Mesh<V>) -> Outputs {
         let mut out = Outputs::default();
         while let Some(t) = mesh.poll_transmit() {
             out.transmits.push(t);
         }
-        while let Some(t) = mesh.poll_timer() {
-            out.timers.push(t);
-        }
         while let Some(e) = mesh.poll_event() {
             out.events.push(e);
         }
+        out.next_timeout_ms = mesh.poll_timeout();
         out
     }
 
     /// Sends the transmits (a refused send is counted in [`send_errors`](Self::send_errors);
-    /// SWIM and anti-entropy repair what is lost), queues the timers and returns the events
-    /// for the host, in the order the core produced them.
+    /// SWIM and anti-entropy repair what is lost), keeps the core's next deadline for
+    /// [`MeshIo::timer_due`] and returns the events for the host, in the order the core
+    /// produced them.
     #[must_use = "the events are the host's to handle"]
     pub fn dispatch(&mut self, out: Outputs) -> Vec<MeshEvent> {
         for t in out.transmits {
@@ -127,9 +132,7 @@ impl MeshIo {
                 self.send_errors += 1;
             }
         }
-        for (at, timer) in out.timers {
-            self.timers.push(at, timer);
-        }
+        self.next_timeout_ms = out.next_timeout_ms;
         out.events
     }
 
@@ -154,16 +157,11 @@ impl MeshIo {
         }
     }
 
-    /// Removes the earliest timer due at `now_ms`. Fire due timers one at a time and dispatch
-    /// after each: a timer's outputs may arm an earlier one.
-    pub fn pop_due(&mut self, now_ms: u64) -> Option<MeshTimer> {
-        self.timers.pop_due(now_ms)
-    }
-
-    /// Resolves at the earliest timer's deadline; never while no timer is queued. For a
-    /// `tokio::select!` branch (it borrows `self` only until it is polled to completion).
+    /// Resolves at the core's next timer deadline (as of the last dispatch); never while none
+    /// is armed. Then feed `Mesh::handle_timeout(now)` like any input. For a `tokio::select!`
+    /// branch (it borrows `self` only until it is polled to completion).
     pub fn timer_due(&self) -> impl Future<Output = ()> {
-        let at = self.timers.next_deadline().map(|ms| self.clock.at(ms));
+        let at = self.next_timeout_ms.map(|ms| self.clock.at(ms));
         async move {
             match at {
                 Some(at) => tokio::time::sleep_until(at).await,

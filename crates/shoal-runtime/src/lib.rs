@@ -5,9 +5,10 @@
 //! the member feeds the leader's liveness view); how the mesh is driven does not, and lives
 //! here once (docs/adr/0020-shoal-runtime.md):
 //!
-//! * [`io`]: [`io::MeshIo`] — feed one input, drain transmits (send errors counted), timers
-//!   and events; the timer queue ([`timers::TimerQueue`]) on the monotonic clock
-//!   ([`clock::MonoClock`], tokio's clock so tests can pause it); the leave-then-close tail;
+//! * [`io`]: [`io::MeshIo`] — feed one input, drain transmits (send errors counted) and
+//!   events, and wait for the core's next timer deadline ([`shoal_mesh::Mesh::poll_timeout`];
+//!   the core keeps its timers itself) on the monotonic clock ([`clock::MonoClock`], tokio's
+//!   clock so tests can pause it); the leave-then-close tail;
 //! * [`join`]: the join backoff ([`join::Backoff`], one full-jitter formula) and seed
 //!   resolution ([`join::resolve_seeds`]);
 //! * [`boot`]: the persisted boot generation ([`boot::bump_boot`]), OS randomness and the
@@ -28,4 +29,3 @@ pub mod join;
 pub mod knobs;
 pub mod local_api;
 pub mod members_file;
-pub mod timers;

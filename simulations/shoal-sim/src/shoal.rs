@@ -38,7 +38,8 @@ use shoal_authority::{ApplyContext, AuthorityCommand, AuthorityState, Caller};
 use shoal_catalog::view::{self, Liveness};
 use shoal_catalog::{Catalog, Keyring, Verifier};
 use shoal_mesh::membership::MemberId;
-use shoal_mesh::{Command, MembershipEvent, Mesh, MeshConfig, MeshEvent, MeshTimer};
+use shoal_mesh::mesh::Restore;
+use shoal_mesh::{Command, MembershipEvent, Mesh, MeshConfig, MeshEvent, TimerToken};
 use shoal_proto::{
     EndpointSpec, Generation, HealthStatus, InstanceId, LabelDimension, Labels, LifecycleState,
     NodeId, NodeKey, Region, Revision, ServiceKey, SignatureBytes, SignatureError, SignedHealth,
@@ -67,7 +68,6 @@ mod workload;
 use authority::*;
 pub use keys::{SharedKeys, SimKeys};
 pub use node::ShoalNode;
-use node::*;
 pub use observer::Observer;
 use observer::*;
 pub use spec::{
@@ -147,7 +147,7 @@ fn share_catalogs(world: &mut World<ShoalNode>, regions: u16) -> u64 {
         };
         for i in nodes {
             world.with_node(i, |n, _| {
-                swapped += n.mesh.catalog_mut().share_equal_maps(&reference) as u64;
+                swapped += n.mesh.share_catalog_maps(&reference) as u64;
             });
         }
     }
@@ -409,8 +409,10 @@ impl Harness for ShoalHarness {
         if ctx.epoch == 0 {
             // First boot: the region is already formed (as after a long steady state). The
             // copy is O(1) and shares the tree until this agent changes an entry.
-            *mesh.catalog_mut() = self.initial[region as usize].clone();
-            mesh.catalog_mut().reset_counters();
+            mesh.restore(
+                now,
+                Restore::Catalog(Box::new(self.initial[region as usize].clone())),
+            );
             if self.first_boot_ids.is_empty() {
                 // Built once and shared (ids are Arc-backed) by every node's membership.
                 self.first_boot_ids = (0..topo.len() as u32)
@@ -423,7 +425,7 @@ impl Harness for ShoalHarness {
             }
             if self.spec.join_on_first_boot {
                 let seeds = self.seed_addrs(topo, region, ctx.index);
-                mesh.handle_command(now, Command::Join { seeds });
+                mesh.join(now, &seeds);
             } else {
                 let members: Vec<MemberId> = topo
                     .region_nodes(region)
@@ -442,18 +444,16 @@ impl Harness for ShoalHarness {
                 .persisted
                 .get_mut(ctx.index as usize)
                 .and_then(Option::take);
-            *mesh.catalog_mut() =
-                persisted.unwrap_or_else(|| self.initial[region as usize].clone());
-            mesh.catalog_mut().reset_counters();
+            let catalog = persisted.unwrap_or_else(|| self.initial[region as usize].clone());
+            mesh.restore(now, Restore::Catalog(Box::new(catalog)));
             let seeds = self.seed_addrs(topo, region, ctx.index);
-            mesh.handle_command(now, Command::Join { seeds });
+            mesh.join(now, &seeds);
             self.regions_on_restart(ctx.index);
         }
         self.observer.borrow_mut().boots[ctx.index as usize] = Some(boot);
         let mut node = ShoalNode {
             index: ctx.index,
             mesh,
-            timers: TimerSlots::default(),
             observer: Rc::clone(&self.observer),
         };
         node.tap(now);
@@ -586,26 +586,6 @@ mod tests {
     use super::*;
     use crate::rng::RngTree;
     use crate::scenario::Tier;
-
-    #[test]
-    fn a_timer_token_fires_once_and_a_reused_slot_gets_a_new_token() {
-        let mut t = TimerSlots::default();
-        let a = t.insert(MeshTimer::Flush);
-        let b = t.insert(MeshTimer::Gc);
-        assert_ne!(a, b);
-        assert_eq!(t.take(a), Some(MeshTimer::Flush));
-        assert_eq!(t.take(a), None, "fired already");
-        let c = t.insert(MeshTimer::IHave);
-        assert_ne!(c, a, "slot reused under a new token");
-        assert_eq!(
-            t.take(a),
-            None,
-            "the old token finds nothing in the reused slot"
-        );
-        assert_eq!(t.take(c), Some(MeshTimer::IHave));
-        assert_eq!(t.take(b), Some(MeshTimer::Gc));
-        assert_eq!(t.take(u64::MAX), None);
-    }
 
     #[test]
     fn tiered_draws_stay_in_their_tiers_with_their_shares() {

@@ -130,6 +130,11 @@ impl Membership {
     }
 
     pub(super) fn push_timer(&mut self, deadline_ms: u64, kind: TimerKind) {
+        debug_assert!(
+            deadline_ms >= self.last_now_ms,
+            "membership timer armed in the past: {deadline_ms} < {}",
+            self.last_now_ms
+        );
         if self.timers.len() >= self.config.max_pending_timers {
             self.counters.timer_overflow += 1;
             return;

@@ -20,15 +20,15 @@ impl<V: Verifier> Mesh<V> {
         generation: Generation,
         status: HealthStatus,
         reason: TransitionReason,
-    ) {
+    ) -> Result<(), Refusal> {
         let me = self.membership.identity().node.clone();
         let owned = self.catalog.entry(&key, &instance).is_some_and(|e| {
             let r = &e.lifecycle().record;
             r.owner == me && r.generation == generation
         });
         if !owned {
-            self.refuse(Refusal::NotOwnInstance { key, instance });
-            return;
+            self.counters.refused += 1;
+            return Err(Refusal::NotOwnInstance { key, instance });
         }
         self.health_seq += 1;
         let signed = Arc::new(self.node_key.sign_health(HealthRecord {
@@ -45,8 +45,15 @@ impl<V: Verifier> Mesh<V> {
             MergeOutcome::Applied => {
                 self.announce_now |= signed.record.status == HealthStatus::Failing;
                 self.on_health_applied(signed, None);
+                Ok(())
             }
-            other => self.refuse(Refusal::Publish(other.as_label().to_owned())),
+            other => {
+                self.counters.refused += 1;
+                Err(Refusal::Health {
+                    instance: signed.record.instance.clone(),
+                    outcome: other.as_label(),
+                })
+            }
         }
     }
 }

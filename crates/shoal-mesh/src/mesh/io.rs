@@ -1,6 +1,6 @@
 //! The core's vocabulary with its driver (sans-IO, after `quinn-proto`): what goes in
-//! ([`MeshTimer`] tokens, [`Command`]s) and what comes out ([`Transmit`]s on a [`Channel`],
-//! [`MeshEvent`]s, [`Refusal`]s).
+//! ([`Command`]s) and what comes out ([`Transmit`]s on a [`Channel`], [`MeshEvent`]s,
+//! [`Refusal`]s), and what the core's timers are for ([`MeshTimer`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -32,8 +32,9 @@ pub struct Transmit {
     pub bytes: Vec<u8>,
 }
 
-/// A timer token; hand it back to [`Mesh::handle_timer`](super::Mesh::handle_timer) at its
-/// deadline.
+/// What one of the core's timers is for. The core keeps its timers itself (see
+/// [`Mesh::poll_timeout`](super::Mesh::poll_timeout)); this is what
+/// [`Mesh::pending_timers`](super::Mesh::pending_timers) shows of them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MeshTimer {
     /// A membership timer.
@@ -88,8 +89,11 @@ pub enum Command {
     },
 }
 
-/// Why a command was refused (also counted).
+/// Why a command was refused, returned by [`Mesh::handle_command`](super::Mesh::handle_command)
+/// (and counted in [`MeshCounters::refused`](super::MeshCounters::refused), once per refused
+/// record).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a refused command changed nothing the caller asked for"]
 pub enum Refusal {
     /// Health for an instance the catalog does not bind to this node (or another generation).
     NotOwnInstance {
@@ -98,8 +102,31 @@ pub enum Refusal {
         /// Instance.
         instance: InstanceId,
     },
-    /// A published record did not merge (bad signature, conflict, stale...).
-    Publish(String),
+    /// Published lifecycle records that did not merge (bad signature, conflict, over the
+    /// catalog's cap...): each one's instance and the merge outcome's label. Every other
+    /// record of the command was applied (or was a duplicate or stale, which is not refused).
+    Publish {
+        /// `(instance, MergeOutcome label)` per refused record, in command order; never empty.
+        refused: Vec<(InstanceId, &'static str)>,
+    },
+    /// The health record this node signed did not merge (the merge outcome's label).
+    Health {
+        /// Instance.
+        instance: InstanceId,
+        /// The `MergeOutcome` label.
+        outcome: &'static str,
+    },
+}
+
+impl Refusal {
+    /// A stable label for metrics: `not_own_instance`, `publish` or `health`.
+    pub fn as_label(&self) -> &'static str {
+        match self {
+            Refusal::NotOwnInstance { .. } => "not_own_instance",
+            Refusal::Publish { .. } => "publish",
+            Refusal::Health { .. } => "health",
+        }
+    }
 }
 
 /// Something that happened, for the driver.
@@ -116,6 +143,4 @@ pub enum MeshEvent {
         /// Records installed.
         records: usize,
     },
-    /// A command was refused.
-    Refused(Refusal),
 }

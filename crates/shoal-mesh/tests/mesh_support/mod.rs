@@ -8,7 +8,8 @@
 //!   dropped until a deadline, SWIM datagrams still flow), [`Cluster::crash`] (the node stops:
 //!   nothing in, nothing out, its timers are dropped);
 //! * after every input the node's outputs are drained exactly as the `mesh` module docs say:
-//!   `poll_transmit` until `None`, then `poll_timer` until `None`, then `poll_event` until `None`.
+//!   `poll_transmit` until `None`, then `poll_armed` until `None`, then `poll_event` until `None`;
+//!   every armed timer is one event of the harness's queue, fired by token.
 //!
 //! Every transmit is logged (time, sender, receiver, channel, kind byte, length, and the bytes of
 //! stream messages) so tests can count what crossed the wire.
@@ -23,7 +24,7 @@ use shoal_catalog::testkit::Fixture;
 use shoal_catalog::Keyring;
 use shoal_mesh::membership::MemberId;
 use shoal_mesh::messages::StreamMessage;
-use shoal_mesh::{Channel, Command, Mesh, MeshConfig, MeshEvent, MeshTimer};
+use shoal_mesh::{Channel, Command, Mesh, MeshConfig, MeshEvent, Refusal, TimerToken};
 use shoal_proto::envelope::MessageKind;
 use shoal_proto::{Generation, LifecycleState, NodeId, SignedLifecycle, SigningKey, Zone};
 
@@ -143,7 +144,7 @@ enum Ev {
     Timer {
         node: usize,
         life: u64,
-        token: MeshTimer,
+        token: TimerToken,
     },
 }
 
@@ -285,16 +286,27 @@ impl Cluster {
 
     // ---- inputs -------------------------------------------------------------------------
 
-    pub fn command(&mut self, i: usize, cmd: Command) {
+    pub fn command(&mut self, i: usize, cmd: Command) -> Result<(), Refusal> {
         assert!(!self.nodes[i].crashed);
         let now = self.now;
-        self.nodes[i].mesh.handle_command(now, cmd);
+        let r = self.nodes[i].mesh.handle_command(now, cmd);
+        self.drain(i);
+        r
+    }
+
+    /// Node `i` joins through `seeds`.
+    pub fn join(&mut self, i: usize, seeds: Vec<SocketAddr>) {
+        assert!(!self.nodes[i].crashed);
+        let now = self.now;
+        self.nodes[i].mesh.join(now, &seeds);
         self.drain(i);
     }
 
-    /// Publishes `records` at node `i` (as the authority injecting into that agent).
+    /// Publishes `records` at node `i` (as the authority injecting into that agent); every
+    /// record must merge or be a duplicate or stale.
     pub fn publish(&mut self, i: usize, records: Vec<Arc<SignedLifecycle>>) {
-        self.command(i, Command::Publish { lifecycle: records });
+        let r = self.command(i, Command::Publish { lifecycle: records });
+        assert_eq!(r, Ok(()), "node {i} refused a publish");
     }
 
     /// Feeds raw stream bytes to node `i` as if from node `from`.
@@ -345,7 +357,7 @@ impl Cluster {
             transmits.push(t);
         }
         let mut timers = Vec::new();
-        while let Some(t) = self.nodes[i].mesh.poll_timer() {
+        while let Some(t) = self.nodes[i].mesh.poll_armed() {
             timers.push(t);
         }
         while let Some(e) = self.nodes[i].mesh.poll_event() {

@@ -186,10 +186,9 @@ impl ShoalHarness {
             self.keys.clone(),
             ctx.seed,
         );
-        *mesh.catalog_mut() = catalog;
-        mesh.catalog_mut().reset_counters();
+        mesh.restore(now, Restore::Catalog(Box::new(catalog)));
         let seeds = self.seed_addrs(&topo, region, on);
-        mesh.handle_command(now, Command::Join { seeds });
+        mesh.join(now, &seeds);
         {
             let mut obs = self.observer.borrow_mut();
             // Both claimants' downs are the conflict's, not false; `on` stays "crashed" for
@@ -201,7 +200,6 @@ impl ShoalHarness {
         let mut n = ShoalNode {
             index: on,
             mesh,
-            timers: TimerSlots::default(),
             observer: Rc::clone(&self.observer),
         };
         n.tap(now);

@@ -1,51 +1,15 @@
-//! One simulated agent: a real `Mesh`, its timer-token table and the event tap.
+//! One simulated agent: a real `Mesh` and the event tap.
 
 use super::*;
 
-/// One simulated agent: a real [`Mesh`] plus a timer-token table and an event tap.
+/// One simulated agent: a real [`Mesh`] plus an event tap. The mesh keeps its own timers; the
+/// engine gets one event per armed timer ([`Mesh::poll_armed`]) and hands its token back, so
+/// timers take their place in the engine's (time, sequence) order as they always did
+/// (docs/adr/0021-core-owned-timers.md).
 pub struct ShoalNode {
     pub(super) index: u32,
     pub(super) mesh: Mesh<SharedKeys>,
-    pub(super) timers: TimerSlots,
     pub(super) observer: Rc<RefCell<Observer>>,
-}
-
-/// Pending mesh timers by token. A token is a slot number (low 32 bits) and the slot's use
-/// count (high 32 bits), so a slot is reused once its timer fired and a token that is no longer
-/// pending finds nothing, as with a map from never-reused tokens. Cheaper than hashing: every
-/// mesh timer is one insert and one take.
-#[derive(Default)]
-pub(super) struct TimerSlots {
-    pub(super) slots: Vec<(u32, Option<MeshTimer>)>,
-    pub(super) free: Vec<u32>,
-}
-
-impl TimerSlots {
-    pub(super) fn insert(&mut self, timer: MeshTimer) -> u64 {
-        let slot = match self.free.pop() {
-            Some(slot) => slot,
-            None => {
-                self.slots.push((0, None));
-                u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 pending timers")
-            }
-        };
-        let (uses, t) = &mut self.slots[slot as usize];
-        debug_assert!(t.is_none(), "a free slot is empty");
-        *uses = uses.wrapping_add(1);
-        *t = Some(timer);
-        (u64::from(*uses) << 32) | u64::from(slot)
-    }
-
-    pub(super) fn take(&mut self, token: u64) -> Option<MeshTimer> {
-        let slot = token as u32;
-        let (uses, t) = self.slots.get_mut(slot as usize)?;
-        if u64::from(*uses) != token >> 32 {
-            return None;
-        }
-        let timer = t.take()?;
-        self.free.push(slot);
-        Some(timer)
-    }
 }
 
 impl ShoalNode {
@@ -54,10 +18,15 @@ impl ShoalNode {
         &self.mesh
     }
 
-    /// Runs a command and taps the resulting events.
-    pub fn command(&mut self, now_ms: u64, cmd: Command) {
-        self.mesh.handle_command(now_ms, cmd);
+    /// Runs a command and taps the resulting events; a refusal is the core's answer (also
+    /// counted in its `MeshCounters::refused`).
+    ///
+    /// # Errors
+    /// The core's [`shoal_mesh::Refusal`].
+    pub fn command(&mut self, now_ms: u64, cmd: Command) -> Result<(), shoal_mesh::Refusal> {
+        let r = self.mesh.handle_command(now_ms, cmd);
         self.tap(now_ms);
+        r
     }
 
     pub(super) fn tap(&mut self, now_ms: u64) {
@@ -80,10 +49,8 @@ impl SimNode for ShoalNode {
     }
 
     fn handle_timer(&mut self, now_ms: u64, token: u64) {
-        if let Some(t) = self.timers.take(token) {
-            self.mesh.handle_timer(now_ms, t);
-            self.tap(now_ms);
-        }
+        self.mesh.handle_timer(now_ms, TimerToken::from_u64(token));
+        self.tap(now_ms);
     }
 
     fn poll_transmit(&mut self) -> Option<Transmit> {
@@ -99,7 +66,7 @@ impl SimNode for ShoalNode {
     }
 
     fn poll_timer(&mut self) -> Option<(u64, u64)> {
-        let (at, t) = self.mesh.poll_timer()?;
-        Some((at, self.timers.insert(t)))
+        let (at, token) = self.mesh.poll_armed()?;
+        Some((at, token.to_u64()))
     }
 }

@@ -102,7 +102,10 @@ impl ShoalHarness {
                     if world.is_alive(node) {
                         let rec = Arc::clone(&rec);
                         world.with_node(node, |n, now| {
-                            n.command(
+                            // The authority signed it: a refusal would be a conflict, which
+                            // the core counts (`MeshCounters::refused`) and the catalog
+                            // oracle would see; the report does not judge it here.
+                            let _refused = n.command(
                                 now,
                                 Command::Publish {
                                     lifecycle: vec![rec],
@@ -177,7 +180,9 @@ impl ShoalHarness {
                     inst.generation,
                 );
                 world.with_node(owner, |n, now| {
-                    n.command(
+                    // Refused only when the owner no longer binds the instance at this
+                    // generation (it was replaced meanwhile); counted by the core.
+                    let _refused = n.command(
                         now,
                         Command::ReportHealth {
                             key,
