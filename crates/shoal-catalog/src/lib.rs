@@ -35,5 +35,5 @@ pub use catalog::{
 pub use heads::{ChainHead, Gap};
 pub use lifecycle::{check_transition, IllegalTransition};
 pub use snapshot::{Snapshot, SnapshotError, SnapshotScope};
-pub use verify::{Keyring, Verifier};
+pub use verify::{Keyring, RecordCache, Verifier};
 pub use view::{EndpointState, EndpointView, Liveness, ServiceView};

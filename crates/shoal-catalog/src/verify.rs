@@ -14,7 +14,9 @@ use shoal_proto::{
 ///
 /// A trait so a simulator can share one verification cache between thousands of simulated
 /// agents (each signature is checked once, with the same result); the agent uses [`Keyring`].
-pub trait Verifier {
+/// A verifier also carries the [`RecordCache`] the core decodes through (a no-op for the
+/// agent).
+pub trait Verifier: RecordCache {
     /// Verifies a lifecycle record against the trusted keys of the record's region.
     ///
     /// # Errors
@@ -34,7 +36,16 @@ pub trait Verifier {
     ) -> Result<(), SignatureError> {
         key.verify_health(signed)
     }
+}
 
+/// Sharing and decoding shortcuts for records a process receives many times: the
+/// simulator's caching layer, kept apart from [`Verifier`] (which only decides whether a
+/// signature is good). Every method has a do-nothing default, which is what a real agent
+/// uses (`impl RecordCache for Keyring {}`); the simulator's shared key store overrides them
+/// so each distinct record is interned and decoded once for thousands of agents
+/// (`simulations/shoal-sim/src/shoal/keys.rs`). None of them may change what a record
+/// decodes to or whether it verifies.
+pub trait RecordCache {
     /// Returns a shared copy of a just-decoded record. The default returns it unchanged; a
     /// simulator running thousands of agents in one process returns one shared `Arc` per
     /// distinct record, so memory grows with records, not with records x agents.
@@ -42,13 +53,13 @@ pub trait Verifier {
         record
     }
 
-    /// As [`Verifier::intern_lifecycle`], for health records.
+    /// As [`RecordCache::intern_lifecycle`], for health records.
     fn intern_health(&self, record: Arc<SignedHealth>) -> Arc<SignedHealth> {
         record
     }
 
     /// Whether this verifier keeps a cache of record encodings
-    /// ([`Verifier::encoded_lifecycle`] and friends). The default does not, and a receiver then
+    /// ([`RecordCache::encoded_lifecycle`] and friends). The default does not, and a receiver then
     /// decodes every record it receives. A simulator, where every agent receives every record
     /// of its region, keeps one so each distinct record is decoded once, not once per agent.
     fn caches_encodings(&self) -> bool {
@@ -66,16 +77,16 @@ pub trait Verifier {
     /// Remembers that `encoding` decoded to `record`, consuming every byte of it.
     fn remember_lifecycle_encoding(&self, _encoding: &[u8], _record: &Arc<SignedLifecycle>) {}
 
-    /// As [`Verifier::encoded_lifecycle`], for health records.
+    /// As [`RecordCache::encoded_lifecycle`], for health records.
     fn encoded_health(&self, _input: &[u8]) -> Option<(Arc<SignedHealth>, usize)> {
         None
     }
 
-    /// As [`Verifier::remember_lifecycle_encoding`], for health records.
+    /// As [`RecordCache::remember_lifecycle_encoding`], for health records.
     fn remember_health_encoding(&self, _encoding: &[u8], _record: &Arc<SignedHealth>) {}
 
     /// Appends a remembered encoding of this very `record` (the same `Arc`, as handed out
-    /// by [`Verifier::encoded_lifecycle`] or [`Verifier::intern_lifecycle`]) to `out`; `false`
+    /// by [`RecordCache::encoded_lifecycle`] or [`RecordCache::intern_lifecycle`]) to `out`; `false`
     /// when none is remembered, and the caller then serializes the record itself.
     fn append_lifecycle_encoding(
         &self,
@@ -85,7 +96,7 @@ pub trait Verifier {
         false
     }
 
-    /// As [`Verifier::append_lifecycle_encoding`], for health records.
+    /// As [`RecordCache::append_lifecycle_encoding`], for health records.
     fn append_health_encoding(&self, _record: &Arc<SignedHealth>, _out: &mut Vec<u8>) -> bool {
         false
     }
@@ -108,6 +119,8 @@ impl Keyring {
         self.authorities.entry(region).or_default().insert(key);
     }
 }
+
+impl RecordCache for Keyring {}
 
 impl Verifier for Keyring {
     fn verify_lifecycle(&self, signed: &SignedLifecycle) -> Result<(), SignatureError> {

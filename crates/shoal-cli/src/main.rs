@@ -707,6 +707,8 @@ fn overwrite(force: bool) -> shoal_transport::certs::Overwrite {
 /// Accepts every signature: `snapshot inspect` shows structure, not trust.
 struct NoVerify;
 
+impl shoal_catalog::RecordCache for NoVerify {}
+
 impl Verifier for NoVerify {
     fn verify_lifecycle(&self, _: &SignedLifecycle) -> Result<(), SignatureError> {
         Ok(())

@@ -1,7 +1,7 @@
 //! Decoding and encoding record pushes through the verifier's cache of record encodings.
 //!
 //! Every agent of a region receives every record of its region, usually more than once. Where
-//! the verifier remembers record encodings ([`Verifier::caches_encodings`], the simulator's),
+//! the verifier remembers record encodings ([`RecordCache::caches_encodings`](shoal_catalog::RecordCache::caches_encodings), the simulator's),
 //! a push is decoded record by record and each record whose encoding is remembered is taken
 //! from the cache instead of being decoded and allocated again. The result is the value
 //! [`StreamMessage::decode`](crate::messages::StreamMessage::decode) returns for the same
@@ -155,6 +155,9 @@ mod tests {
         ) -> Result<(), SignatureError> {
             Ok(())
         }
+    }
+
+    impl shoal_catalog::RecordCache for Cache {
         fn caches_encodings(&self) -> bool {
             true
         }

@@ -36,7 +36,7 @@ use rand::{Rng, RngExt};
 use serde::Deserialize;
 use shoal_authority::{ApplyContext, AuthorityCommand, AuthorityState, Caller};
 use shoal_catalog::view::{self, Liveness};
-use shoal_catalog::{Catalog, Keyring, Verifier};
+use shoal_catalog::{Catalog, Keyring, RecordCache, Verifier};
 use shoal_mesh::membership::MemberId;
 use shoal_mesh::mesh::Restore;
 use shoal_mesh::{Command, MembershipEvent, Mesh, MeshConfig, MeshEvent, TimerToken};

@@ -100,7 +100,10 @@ impl Verifier for SharedKeys {
             .insert(signed.signature, (Arc::new(signed.clone()), key.to_bytes()));
         Ok(())
     }
+}
 
+/// The simulator's caching layer: one interned copy and one decoding per distinct record.
+impl RecordCache for SharedKeys {
     fn intern_lifecycle(&self, record: Arc<SignedLifecycle>) -> Arc<SignedLifecycle> {
         match self.0.lifecycle.borrow().get(&record.signature) {
             Some(c) if Arc::ptr_eq(c, &record) || **c == *record => Arc::clone(c),
