@@ -122,6 +122,9 @@ impl Driver {
             while let Some(e) = mesh.poll_event() {
                 events.push(e);
             }
+            // Publish what changed before any index moves (in `on_event`), so a blocking query
+            // woken by a change reads a view that holds it.
+            self.publish_view(&mesh, &events);
             (r, transmits, timers, events)
         };
         for t in transmits {
@@ -138,6 +141,47 @@ impl Driver {
             self.on_event(e);
         }
         r
+    }
+
+    /// Stamps the apply times of the lifecycle records in `events` and publishes the view
+    /// when anything a reader sees may have changed: the catalog (its index or size) or any
+    /// mesh event but a refusal (lifecycle, health, membership: then the down nodes too).
+    /// Called with the mesh write lock held.
+    fn publish_view(&self, mesh: &shoal_mesh::Mesh<shoal_catalog::Keyring>, events: &[MeshEvent]) {
+        let shared = &self.shared;
+        let mut times = None;
+        let mut membership = false;
+        for e in events {
+            match e {
+                MeshEvent::LifecycleApplied(rec) => {
+                    let times = times
+                        .get_or_insert_with(|| shared.apply_times.lock().expect("apply times"));
+                    stamp_apply_time(times, &rec.record);
+                }
+                MeshEvent::Membership(_) | MeshEvent::SnapshotInstalled { .. } => membership = true,
+                _ => {}
+            }
+        }
+        // Any view-changing event (health records too) publishes, whatever the catalog index.
+        let any_event = events.iter().any(|e| !matches!(e, MeshEvent::Refused(_)));
+        let current = shared.view.load();
+        let catalog_changed = current.catalog.index() != mesh.catalog().index()
+            || current.catalog.len() != mesh.catalog().len();
+        if !(catalog_changed || any_event) {
+            return;
+        }
+        drop(current);
+        let down = membership.then(|| crate::state::DownNodes::of(mesh));
+        let times = times.as_deref().cloned();
+        shared.update_view(|v| {
+            v.catalog = mesh.catalog().clone();
+            if let Some(down) = down {
+                v.down = down;
+            }
+            if let Some(times) = times {
+                v.apply_times = times;
+            }
+        });
     }
 
     fn fire_timers(&mut self) {
@@ -327,22 +371,8 @@ impl Driver {
                 }
             }
             MeshEvent::LifecycleApplied(rec) => {
+                // Its apply time was stamped and published by `publish_view`, before this bump.
                 let r = &rec.record;
-                let wall_ms = SystemTime::now()
-                    .duration_since(SystemTime::UNIX_EPOCH)
-                    .map(|d| d.as_millis() as u64)
-                    .unwrap_or(0);
-                // Stamped before the index bump, so a woken blocking query sees it.
-                let kept = shared
-                    .apply_times
-                    .lock()
-                    .expect("apply times")
-                    .record(r, wall_ms);
-                if !kept {
-                    counter!("shoal_apply_times_dropped_total").increment(1);
-                }
-                let lag_ms = wall_ms.saturating_sub(r.committed_at_ms);
-                histogram!("shoal_watch_lag_seconds").record(lag_ms as f64 / 1000.0);
                 counter!("shoal_lifecycle_transitions_total", "to" => r.state.as_str())
                     .increment(1);
                 shared.index.bump_services([&r.key]);
@@ -378,6 +408,9 @@ impl Driver {
                 }
                 keep
             });
+            if !gone.is_empty() {
+                shared.publish_ejections(&ej);
+            }
             gone
         };
         if !expired.is_empty() {
@@ -402,7 +435,22 @@ impl Driver {
             let mut times = shared.apply_times.lock().expect("apply times");
             if times.len() > mesh.catalog().len() {
                 times.retain_held(mesh.catalog());
+                let kept = times.clone();
+                shared.update_view(|v| v.apply_times = kept);
             }
+        }
+        // Belt and braces: whatever changed the down nodes or the catalog without an event
+        // (none is known) is published within a tick.
+        let view = shared.view.load();
+        let down_stale = !view.down.matches(&mesh);
+        if down_stale || view.catalog.index() != mesh.catalog().index() {
+            drop(view);
+            tracing::debug!(down_stale, "view republished by the tick");
+            let down = crate::state::DownNodes::of(&mesh);
+            shared.update_view(|v| {
+                v.catalog = mesh.catalog().clone();
+                v.down = down;
+            });
         }
         let liveness = mesh.liveness();
         for key in mesh.catalog().service_keys() {
@@ -500,6 +548,20 @@ impl Driver {
         tokio::time::sleep(Duration::from_millis(100)).await;
         self.transport.shutdown().await;
     }
+}
+
+/// Records when this agent applied `r` (wall clock, Unix ms) and the watch lag since the
+/// authority committed it.
+fn stamp_apply_time(times: &mut crate::state::ApplyTimes, r: &shoal_proto::LifecycleRecord) {
+    let wall_ms = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    if !times.record(r, wall_ms) {
+        counter!("shoal_apply_times_dropped_total").increment(1);
+    }
+    let lag_ms = wall_ms.saturating_sub(r.committed_at_ms);
+    histogram!("shoal_watch_lag_seconds").record(lag_ms as f64 / 1000.0);
 }
 
 /// True when a lifecycle state may take traffic (for metrics of removed endpoints).
