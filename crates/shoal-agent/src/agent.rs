@@ -181,6 +181,13 @@ pub async fn run_until(
         refusals: Default::default(),
         member_changes: Default::default(),
         failover,
+        view: arc_swap::ArcSwap::from_pointee(crate::state::View {
+            catalog: mesh.catalog().clone(),
+            down: crate::state::DownNodes::of(&mesh),
+            ejections: Default::default(),
+            apply_times: Default::default(),
+        }),
+        view_writer: Mutex::new(()),
         mesh: RwLock::new(mesh),
         origin: tokio::time::Instant::now(),
         index: crate::api::ViewIndex::new(boot),

@@ -111,7 +111,11 @@ impl Driver {
             let r = f(&mut mesh);
             (r, MeshIo::collect(&mut mesh))
         };
-        for e in self.io.dispatch(out) {
+        let events = self.io.dispatch(out);
+        // Publish what changed before any index moves (in `on_event`), so a blocking query
+        // woken by a change reads a view that holds it.
+        self.shared.publish_view(&events);
+        for e in events {
             self.on_event(e);
         }
         r
@@ -299,22 +303,8 @@ impl Driver {
                 }
             }
             MeshEvent::LifecycleApplied(rec) => {
+                // Its apply time was stamped and published by `publish_view`, before this bump.
                 let r = &rec.record;
-                let wall_ms = SystemTime::now()
-                    .duration_since(SystemTime::UNIX_EPOCH)
-                    .map(|d| d.as_millis() as u64)
-                    .unwrap_or(0);
-                // Stamped before the index bump, so a woken blocking query sees it.
-                let kept = shared
-                    .apply_times
-                    .lock()
-                    .expect("apply times")
-                    .record(r, wall_ms);
-                if !kept {
-                    counter!("shoal_apply_times_dropped_total").increment(1);
-                }
-                let lag_ms = wall_ms.saturating_sub(r.committed_at_ms);
-                histogram!("shoal_watch_lag_seconds").record(lag_ms as f64 / 1000.0);
                 counter!("shoal_lifecycle_transitions_total", "to" => r.state.as_str())
                     .increment(1);
                 shared.index.bump_services([&r.key]);
@@ -350,6 +340,9 @@ impl Driver {
                 }
                 keep
             });
+            if !gone.is_empty() {
+                shared.publish_ejections(&ej);
+            }
             gone
         };
         if !expired.is_empty() {
@@ -369,13 +362,7 @@ impl Driver {
             shared.status.lock().expect("status").last_authority_ms = Some(now);
         }
         crate::metrics::export_counters(&mesh, &tc);
-        {
-            // Every live apply time belongs to a catalog entry: more means stale ones.
-            let mut times = shared.apply_times.lock().expect("apply times");
-            if times.len() > mesh.catalog().len() {
-                times.retain_held(mesh.catalog());
-            }
-        }
+        shared.tidy_view(&mesh);
         let liveness = mesh.liveness();
         for key in mesh.catalog().service_keys() {
             let ready = mesh.catalog().service(key).map_or(0, |s| {
