@@ -188,6 +188,7 @@ pub async fn run_until(
             apply_times: Default::default(),
         }),
         view_writer: Mutex::new(()),
+        persisted: Mutex::new(Default::default()),
         mesh: RwLock::new(mesh),
         origin: tokio::time::Instant::now(),
         index: crate::api::ViewIndex::new(boot),

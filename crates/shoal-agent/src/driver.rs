@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use metrics::{counter, gauge, histogram};
+use metrics::{counter, gauge};
 use shoal_catalog::snapshot::{self, Snapshot, SnapshotScope};
 use shoal_catalog::view::is_routable;
 use shoal_mesh::{Command, MembershipEvent, MeshEvent};
@@ -396,11 +396,15 @@ impl Driver {
             (snapshot::encode(&snap), members)
         };
         let dir = &shared.cfg.raw.data_dir;
-        let result = persist::write_snapshot(dir, &bytes)
-            .and_then(|()| members_file::write_book(dir, &members));
+        // Unchanged files are not rewritten (persist::Persisted).
+        let result = shared
+            .persisted
+            .lock()
+            .expect("persisted")
+            .write(dir, &bytes, &members);
         let mut st = shared.status.lock().expect("status");
         match result {
-            Ok(()) => {
+            Ok(_) => {
                 counter!("shoal_persist_total", "result" => "ok").increment(1);
                 st.persisted_at = Some(SystemTime::now());
                 st.persist_error = None;

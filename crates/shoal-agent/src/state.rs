@@ -179,6 +179,8 @@ pub struct Shared {
     pub view: ArcSwap<View>,
     /// Serialises writers of [`Shared::view`] (readers never take it). Lock order: last.
     pub view_writer: Mutex<()>,
+    /// What the periodic persist last wrote (written by the driver only).
+    pub persisted: Mutex<crate::persist::Persisted>,
     /// Freshness.
     pub status: Mutex<Status>,
     /// Commands to the driver.
@@ -249,13 +251,11 @@ impl Shared {
         for e in events {
             match e {
                 MeshEvent::LifecycleApplied(rec) => {
-                    let times = times
-                        .get_or_insert_with(|| self.apply_times.lock().expect("apply times"));
+                    let times =
+                        times.get_or_insert_with(|| self.apply_times.lock().expect("apply times"));
                     stamp_apply_time(times, &rec.record);
                 }
-                MeshEvent::Membership(_) | MeshEvent::SnapshotInstalled { .. } => {
-                    membership = true
-                }
+                MeshEvent::Membership(_) | MeshEvent::SnapshotInstalled { .. } => membership = true,
                 _ => {}
             }
         }
