@@ -194,7 +194,12 @@ fn start_nginx(dir: &Path, endpoints: &[u8], pick: &[u8]) -> Option<(std::proces
 
 /// Starts `bin` as an agent named `name` whose data dir (under `dir`) holds `snap`, and waits
 /// until it answers from it. Prints its RSS once loaded.
-fn start_agent(dir: &Path, name: &'static str, bin: &str, snap: &[u8]) -> (std::process::Child, Target) {
+fn start_agent(
+    dir: &Path,
+    name: &'static str,
+    bin: &str,
+    snap: &[u8],
+) -> (std::process::Child, Target) {
     let home = dir.join(name);
     let data = home.join("data");
     std::fs::create_dir_all(&data).unwrap();
@@ -219,7 +224,10 @@ fn start_agent(dir: &Path, name: &'static str, bin: &str, snap: &[u8]) -> (std::
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        assert!(Instant::now() < deadline, "{name} did not load the snapshot");
+        assert!(
+            Instant::now() < deadline,
+            "{name} did not load the snapshot"
+        );
         if let Ok(s) = UnixStream::connect(&socket) {
             drop(s);
             let mut c = Conn::new(&socket);
