@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use metrics::{counter, gauge, histogram};
+use metrics::{counter, gauge};
 use shoal_catalog::snapshot::{self, Snapshot, SnapshotScope};
 use shoal_catalog::view::is_routable;
 use shoal_mesh::{Command, MembershipEvent, MeshEvent};
@@ -111,7 +111,11 @@ impl Driver {
             let r = f(&mut mesh);
             (r, MeshIo::collect(&mut mesh))
         };
-        for e in self.io.dispatch(out) {
+        let events = self.io.dispatch(out);
+        // Publish what changed before any index moves (in `on_event`), so a blocking query
+        // woken by a change reads a view that holds it.
+        self.shared.publish_view(&events);
+        for e in events {
             self.on_event(e);
         }
         r
@@ -298,22 +302,8 @@ impl Driver {
                 }
             }
             MeshEvent::LifecycleApplied(rec) => {
+                // Its apply time was stamped and published by `publish_view`, before this bump.
                 let r = &rec.record;
-                let wall_ms = SystemTime::now()
-                    .duration_since(SystemTime::UNIX_EPOCH)
-                    .map(|d| d.as_millis() as u64)
-                    .unwrap_or(0);
-                // Stamped before the index bump, so a woken blocking query sees it.
-                let kept = shared
-                    .apply_times
-                    .lock()
-                    .expect("apply times")
-                    .record(r, wall_ms);
-                if !kept {
-                    counter!("shoal_apply_times_dropped_total").increment(1);
-                }
-                let lag_ms = wall_ms.saturating_sub(r.committed_at_ms);
-                histogram!("shoal_watch_lag_seconds").record(lag_ms as f64 / 1000.0);
                 counter!("shoal_lifecycle_transitions_total", "to" => r.state.as_str())
                     .increment(1);
                 shared.index.bump_services([&r.key]);
@@ -345,6 +335,9 @@ impl Driver {
                 }
                 keep
             });
+            if !gone.is_empty() {
+                shared.publish_ejections(&ej);
+            }
             gone
         };
         if !expired.is_empty() {
@@ -364,13 +357,7 @@ impl Driver {
             shared.status.lock().expect("status").last_authority_ms = Some(now);
         }
         crate::metrics::export_counters(&mesh, &tc);
-        {
-            // Every live apply time belongs to a catalog entry: more means stale ones.
-            let mut times = shared.apply_times.lock().expect("apply times");
-            if times.len() > mesh.catalog().len() {
-                times.retain_held(mesh.catalog());
-            }
-        }
+        shared.tidy_view(&mesh);
         let liveness = mesh.liveness();
         for key in mesh.catalog().service_keys() {
             let ready = mesh.catalog().service(key).map_or(0, |s| {
@@ -404,11 +391,15 @@ impl Driver {
             (snapshot::encode(&snap), members)
         };
         let dir = &shared.cfg.raw.data_dir;
-        let result = persist::write_snapshot(dir, &bytes)
-            .and_then(|()| members_file::write_book(dir, &members));
+        // Unchanged files are not rewritten (persist::Persisted).
+        let result = shared
+            .persisted
+            .lock()
+            .expect("persisted")
+            .write(dir, &bytes, &members);
         let mut st = shared.status.lock().expect("status");
         match result {
-            Ok(()) => {
+            Ok(_) => {
                 counter!("shoal_persist_total", "result" => "ok").increment(1);
                 st.persisted_at = Some(SystemTime::now());
                 st.persist_error = None;

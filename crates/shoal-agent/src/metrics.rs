@@ -68,8 +68,11 @@ pub fn install() -> Option<PrometheusHandle> {
         .clone()
 }
 
-/// Renders the text exposition.
+/// Renders the text exposition, sampling the `process_*` gauges from `/proc/self` first (at
+/// scrape time only: sampling them on every driver tick cost ~30 syscalls a second on an idle
+/// agent, issue 19).
 pub fn render() -> String {
+    crate::metrics_describe::record_process();
     install().map(|h| h.render()).unwrap_or_default()
 }
 
@@ -156,5 +159,4 @@ pub fn export_counters(mesh: &Mesh<Keyring>, transport: &TransportCounters) {
     counter!("shoal_transport_dropped_total", "why" => "queue").absolute(t.queue_overflow);
     counter!("shoal_transport_dropped_total", "why" => "inbound").absolute(t.inbound_dropped);
     gauge!("shoal_transport_connections").set(t.connections_open as f64);
-    crate::metrics_describe::record_process();
 }

@@ -2,16 +2,28 @@
 //!
 //! The driver task is the only writer of the [`Mesh`]: every input (datagram, stream message,
 //! timer, command) is fed by it, under the write lock, and its outputs are drained before the
-//! lock is released. API handlers take the read lock for the microseconds a view takes to build,
-//! and never wait on the network or the authority while holding it (invariant 6).
+//! lock is released. Operator and write paths take the read lock for the microseconds they
+//! need, and never wait on the network or the authority while holding it (invariant 6).
+//!
+//! **The read path takes no lock.** What a local API read needs (the catalog, the nodes SWIM
+//! holds down, the local ejections, the apply times) is published as one immutable [`View`]
+//! in an atomically swapped pointer ([`Shared::view`], the `arc-swap` crate): a reader loads the
+//! current `Arc<View>` without a lock or a syscall and answers from it, however long the driver
+//! then holds the mesh write lock. Every part is a persistent or shared structure (the catalog's
+//! `imbl` maps, `Arc`s), so publishing a new view costs a few pointer copies, not a copy of the
+//! catalog (Consul's go-memdb immutable trees do the same for its blocking reads). Writers
+//! publish before they bump an index ([`crate::api::ViewIndex`]), so a blocking query woken by
+//! a change reads a view that holds it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::SystemTime;
 
+use arc_swap::ArcSwap;
+
 use shoal_catalog::view::Liveness;
 use shoal_catalog::{Catalog, Keyring};
-use shoal_mesh::{Command, Mesh};
+use shoal_mesh::{Command, Mesh, MeshEvent};
 use shoal_proto::rpc::{AuthorityError, AuthorityOk, AuthorityRequestBody};
 use shoal_proto::{
     Generation, InstanceId, LifecycleRecord, LifecycleState, NodeId, Revision, ServiceKey,
@@ -71,6 +83,82 @@ pub struct Status {
     pub refused_snapshots: Vec<String>,
 }
 
+/// What one local API read answers from: an immutable snapshot of the agent's view, replaced
+/// whole by writers ([`Shared::update_view`]) and read without locks ([`Shared::view`]).
+#[derive(Debug, Clone, Default)]
+pub struct View {
+    /// The catalog (an O(1) clone of the mesh's, sharing its `imbl` trees).
+    pub catalog: Catalog,
+    /// Nodes SWIM holds down now (as `Membership::is_down` answers in shoal-mesh).
+    pub down: DownNodes,
+    /// Local ejections: (instance, generation) -> until (monotonic ms).
+    pub ejections: Arc<HashMap<(InstanceId, Generation), u64>>,
+    /// When this agent applied each endpoint's current lifecycle record.
+    pub apply_times: ApplyTimes,
+}
+
+impl View {
+    /// Liveness as the API judges it at `now_ms`: SWIM's down nodes plus the local ejections.
+    pub fn liveness(&self, now_ms: u64) -> ViewLiveness<'_, &DownNodes> {
+        ViewLiveness {
+            mesh: &self.down,
+            ejections: &self.ejections,
+            now_ms,
+        }
+    }
+}
+
+/// The nodes SWIM holds down, as published in a [`View`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DownNodes(Arc<HashSet<NodeId>>);
+
+impl DownNodes {
+    /// The nodes `mesh`'s membership holds down now.
+    pub fn of(mesh: &Mesh<Keyring>) -> Self {
+        Self(Arc::new(mesh.membership().down_nodes().cloned().collect()))
+    }
+
+    /// True when it lists exactly the nodes `mesh` holds down now (O(down nodes)).
+    pub fn matches(&self, mesh: &Mesh<Keyring>) -> bool {
+        let mut n = 0;
+        let all = mesh.membership().down_nodes().all(|node| {
+            n += 1;
+            self.0.contains(node)
+        });
+        all && n == self.0.len()
+    }
+
+    /// Nodes listed.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when no node is down.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl Liveness for &DownNodes {
+    fn is_down(&self, node: &NodeId) -> bool {
+        !self.0.is_empty() && self.0.contains(node)
+    }
+    fn is_ejected(&self, _: &InstanceId, _: Generation) -> bool {
+        false
+    }
+}
+
+/// The freshness fields of an answer, read under one take of the status lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Freshness {
+    /// [`Shared::snapshot_age_ms`].
+    pub snapshot_age_ms: u64,
+    /// [`Shared::authority_age_ms`].
+    pub authority_age_ms: Option<u64>,
+    /// [`Shared::is_stale`].
+    pub stale: bool,
+}
+
 /// Everything shared.
 pub struct Shared {
     /// Validated configuration.
@@ -81,11 +169,18 @@ pub struct Shared {
     pub origin: tokio::time::Instant,
     /// Blocking-query indexes: whole view, members, per service (ADR 0011).
     pub index: crate::api::ViewIndex,
-    /// Local ejections: (instance, generation) -> until (monotonic ms).
+    /// Local ejections: (instance, generation) -> until (monotonic ms). The writers' copy:
+    /// every change is published in [`Shared::view`] while this lock is held.
     pub ejections: Mutex<HashMap<(InstanceId, Generation), u64>>,
-    /// When this agent applied each endpoint's current lifecycle record (written by the driver).
-    /// Lock order: after `mesh` and `ejections`.
+    /// When this agent applied each endpoint's current lifecycle record (written by the driver,
+    /// published in [`Shared::view`]). Lock order: after `mesh` and `ejections`.
     pub apply_times: Mutex<ApplyTimes>,
+    /// The view local reads answer from, swapped whole by writers (see the module docs).
+    pub view: ArcSwap<View>,
+    /// Serialises writers of [`Shared::view`] (readers never take it). Lock order: last.
+    pub view_writer: Mutex<()>,
+    /// What the periodic persist last wrote (written by the driver only).
+    pub persisted: Mutex<crate::persist::Persisted>,
     /// Freshness.
     pub status: Mutex<Status>,
     /// Commands to the driver.
@@ -134,6 +229,103 @@ impl Shared {
 }
 
 impl Shared {
+    /// Publishes a copy of the current view changed by `f` (writers only; readers keep the
+    /// view they loaded). `f` must not take any lock of [`Shared`]: callers take theirs first.
+    pub fn update_view(&self, f: impl FnOnce(&mut View)) {
+        let _writer = self.view_writer.lock().expect("view writer");
+        let mut v = View::clone(&self.view.load());
+        f(&mut v);
+        self.view.store(Arc::new(v));
+    }
+
+    /// Stamps the apply times of the lifecycle records in `events` (just drained from the mesh
+    /// by the driver) and publishes the view when anything a reader sees may have changed: the
+    /// catalog (its index or size) or any mesh event but a refusal (lifecycle, health,
+    /// membership: then the down nodes too). The driver calls it before it handles `events`
+    /// (which bumps the blocking-query indexes). Takes the mesh read lock: call it without the
+    /// write lock.
+    pub fn publish_view(&self, events: &[MeshEvent]) {
+        let mesh = self.mesh.read().expect("mesh lock");
+        let mut times = None;
+        let mut membership = false;
+        for e in events {
+            match e {
+                MeshEvent::LifecycleApplied(rec) => {
+                    let times =
+                        times.get_or_insert_with(|| self.apply_times.lock().expect("apply times"));
+                    stamp_apply_time(times, &rec.record);
+                }
+                MeshEvent::Membership(_) | MeshEvent::SnapshotInstalled { .. } => membership = true,
+                _ => {}
+            }
+        }
+        let any_event = events.iter().any(|e| !matches!(e, MeshEvent::Refused(_)));
+        let current = self.view.load();
+        let catalog_changed = current.catalog.index() != mesh.catalog().index()
+            || current.catalog.len() != mesh.catalog().len();
+        if !(catalog_changed || any_event) {
+            return;
+        }
+        drop(current);
+        let down = membership.then(|| DownNodes::of(&mesh));
+        let times = times.as_deref().cloned();
+        self.update_view(|v| {
+            v.catalog = mesh.catalog().clone();
+            if let Some(down) = down {
+                v.down = down;
+            }
+            if let Some(times) = times {
+                v.apply_times = times;
+            }
+        });
+    }
+
+    /// The driver's tick: drops apply times of endpoints `mesh` no longer holds, and
+    /// republishes the view if its down nodes or catalog differ from `mesh`'s (nothing known
+    /// changes them without an event; this bounds the staleness of an unknown path to a tick).
+    pub fn tidy_view(&self, mesh: &Mesh<Keyring>) {
+        {
+            // Every live apply time belongs to a catalog entry: more means stale ones.
+            let mut times = self.apply_times.lock().expect("apply times");
+            if times.len() > mesh.catalog().len() {
+                times.retain_held(mesh.catalog());
+                let kept = times.clone();
+                self.update_view(|v| v.apply_times = kept);
+            }
+        }
+        let view = self.view.load();
+        let down_stale = !view.down.matches(mesh);
+        if down_stale || view.catalog.index() != mesh.catalog().index() {
+            drop(view);
+            tracing::debug!(down_stale, "view republished by the tick");
+            let down = DownNodes::of(mesh);
+            self.update_view(|v| {
+                v.catalog = mesh.catalog().clone();
+                v.down = down;
+            });
+        }
+    }
+
+    /// Publishes the local ejections `ej` (call with the [`Shared::ejections`] lock held).
+    pub fn publish_ejections(&self, ej: &HashMap<(InstanceId, Generation), u64>) {
+        let ej = Arc::new(ej.clone());
+        self.update_view(|v| v.ejections = ej);
+    }
+
+    /// The freshness fields of an answer, under one take of the status lock.
+    pub fn freshness(&self) -> Freshness {
+        let now = self.now_ms();
+        let budget = self.cfg.raw.api.staleness_budget_ms;
+        let st = self.status.lock().expect("status lock");
+        let fresh = |t: Option<u64>| t.is_some_and(|t| now.saturating_sub(t) <= budget);
+        let peer_ok = fresh(st.last_peer_ms) || self.cfg.raw.seeds.is_empty();
+        Freshness {
+            snapshot_age_ms: snapshot_age(now, &st),
+            authority_age_ms: st.last_authority_ms.map(|t| now.saturating_sub(t)),
+            stale: !(fresh(st.last_authority_ms) && peer_ok),
+        }
+    }
+
     /// Monotonic ms since the agent started (tokio's clock, so tests may pause it).
     pub fn now_ms(&self) -> u64 {
         u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
@@ -165,17 +357,7 @@ impl Shared {
     pub fn snapshot_age_ms(&self) -> u64 {
         let now = self.now_ms();
         let st = self.status.lock().expect("status lock");
-        if let Some(t) = st.last_peer_ms {
-            return now.saturating_sub(t);
-        }
-        if let Some(w) = st.loaded_snapshot_written {
-            let age = SystemTime::now()
-                .duration_since(w)
-                .map(|d| d.as_millis() as u64)
-                .unwrap_or(0);
-            return age;
-        }
-        now
+        snapshot_age(now, &st)
     }
 
     /// Ms since the last authority contact (`None`: never).
@@ -184,6 +366,20 @@ impl Shared {
         let st = self.status.lock().expect("status lock");
         st.last_authority_ms.map(|t| now.saturating_sub(t))
     }
+}
+
+/// [`Shared::snapshot_age_ms`] at `now` (monotonic ms) from `st`.
+fn snapshot_age(now: u64, st: &Status) -> u64 {
+    if let Some(t) = st.last_peer_ms {
+        return now.saturating_sub(t);
+    }
+    if let Some(w) = st.loaded_snapshot_written {
+        return SystemTime::now()
+            .duration_since(w)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+    }
+    now
 }
 
 /// Liveness for API views: SWIM-derived node liveness plus this agent's local ejections.
@@ -201,9 +397,12 @@ impl<L: Liveness> Liveness for ViewLiveness<'_, L> {
         self.mesh.is_down(node)
     }
     fn is_ejected(&self, instance: &InstanceId, generation: Generation) -> bool {
-        self.ejections
-            .get(&(instance.clone(), generation))
-            .is_some_and(|until| *until > self.now_ms)
+        // Usually empty: skip the key's clone and hash.
+        !self.ejections.is_empty()
+            && self
+                .ejections
+                .get(&(instance.clone(), generation))
+                .is_some_and(|until| *until > self.now_ms)
     }
 }
 
@@ -228,21 +427,37 @@ pub struct ApplyTime {
 /// drops entries the catalog no longer holds ([`ApplyTimes::retain_held`]), and inserts past
 /// [`MAX_APPLY_TIMES`] are refused. Records installed from a full snapshot (join, boot from
 /// disk) raise no per-record event and have no apply time.
-#[derive(Debug, Default)]
+///
+/// Persistent maps (`imbl`), per service then per instance: [`Shared::view`] holds a copy
+/// that costs O(1) to take, and a lookup borrows its keys (no clone per answered endpoint).
+#[derive(Debug, Clone, Default)]
 pub struct ApplyTimes {
-    times: HashMap<(ServiceKey, InstanceId), ApplyTime>,
+    by_service: imbl::HashMap<ServiceKey, imbl::HashMap<InstanceId, ApplyTime>>,
+    len: usize,
 }
 
 impl ApplyTimes {
     /// Records that `rec` was applied at `applied_at_ms` (Unix ms). EXPIRED removes the entry.
     /// Returns false when the map is full and the time was dropped.
     pub fn record(&mut self, rec: &LifecycleRecord, applied_at_ms: u64) -> bool {
-        let id = (rec.key.clone(), rec.instance.clone());
+        let held = self
+            .by_service
+            .get(&rec.key)
+            .is_some_and(|m| m.contains_key(&rec.instance));
         if rec.state == LifecycleState::Expired {
-            self.times.remove(&id);
+            if held {
+                let now_empty = self.by_service.get_mut(&rec.key).is_some_and(|m| {
+                    m.remove(&rec.instance);
+                    m.is_empty()
+                });
+                if now_empty {
+                    self.by_service.remove(&rec.key);
+                }
+                self.len -= 1;
+            }
             return true;
         }
-        if self.times.len() >= MAX_APPLY_TIMES && !self.times.contains_key(&id) {
+        if self.len >= MAX_APPLY_TIMES && !held {
             return false;
         }
         let t = ApplyTime {
@@ -250,7 +465,13 @@ impl ApplyTimes {
             revision: rec.revision,
             applied_at_ms,
         };
-        self.times.insert(id, t);
+        self.by_service
+            .entry(rec.key.clone())
+            .or_default()
+            .insert(rec.instance.clone(), t);
+        if !held {
+            self.len += 1;
+        }
         true
     }
 
@@ -263,27 +484,42 @@ impl ApplyTimes {
         generation: Generation,
         revision: Revision,
     ) -> Option<u64> {
-        let t = self.times.get(&(key.clone(), instance.clone()))?;
+        let t = self.by_service.get(key)?.get(instance)?;
         (t.generation == generation && t.revision == revision).then_some(t.applied_at_ms)
     }
 
     /// Drops entries whose endpoint the catalog no longer holds (or holds as a tombstone).
     pub fn retain_held(&mut self, catalog: &Catalog) {
-        self.times.retain(|(key, instance), _| {
+        let held = |key: &ServiceKey, instance: &InstanceId| {
             catalog
                 .entry(key, instance)
                 .is_some_and(|e| e.lifecycle().record.state != LifecycleState::Expired)
-        });
+        };
+        let mut len = 0;
+        self.by_service = self
+            .by_service
+            .iter()
+            .filter_map(|(key, times)| {
+                let kept: imbl::HashMap<InstanceId, ApplyTime> = times
+                    .iter()
+                    .filter(|(instance, _)| held(key, instance))
+                    .map(|(instance, t)| (instance.clone(), *t))
+                    .collect();
+                len += kept.len();
+                (!kept.is_empty()).then(|| (key.clone(), kept))
+            })
+            .collect();
+        self.len = len;
     }
 
     /// Entries held.
     pub fn len(&self) -> usize {
-        self.times.len()
+        self.len
     }
 
     /// True when nothing is held.
     pub fn is_empty(&self) -> bool {
-        self.times.is_empty()
+        self.len == 0
     }
 }
 
@@ -322,4 +558,18 @@ mod tests {
         assert!(times.record(&expired.record, 2_000));
         assert!(times.is_empty());
     }
+}
+
+/// Records when this agent applied `r` (wall clock, Unix ms) and the watch lag since the
+/// authority committed it.
+fn stamp_apply_time(times: &mut ApplyTimes, r: &LifecycleRecord) {
+    let wall_ms = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    if !times.record(r, wall_ms) {
+        metrics::counter!("shoal_apply_times_dropped_total").increment(1);
+    }
+    let lag_ms = wall_ms.saturating_sub(r.committed_at_ms);
+    metrics::histogram!("shoal_watch_lag_seconds").record(lag_ms as f64 / 1000.0);
 }

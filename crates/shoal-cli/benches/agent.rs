@@ -4,11 +4,20 @@
 //! 1. resident memory (VmRSS / VmHWM) once the catalog is loaded;
 //! 2. local API latency over the unix socket, **open loop** at a fixed offered rate (latency is
 //!    measured from each request's scheduled send time, so queueing is not hidden);
-//! 3. closed-loop maximum throughput.
+//! 3. closed-loop maximum throughput;
 //!
-//! `cargo bench -p shoal-cli --bench agent [-- RATE SECONDS]` (defaults 10000 req/s, 5 s).
+//! and the same load, from the same generator in the same run, against a **physical
+//! reference**: nginx (the Debian package, `apt-get install nginx-light`) serving two static
+//! files over a unix socket, each the size of the agent's own answer to the same request (an
+//! endpoints list of 16, a pick). Rounds alternate agent / nginx so both see the same machine.
+//!
+//! `cargo bench -p shoal-cli --bench agent [-- RATES [SECONDS [ROUNDS]]]`: RATES is a
+//! comma-separated list of offered req/s (default `2000,10000`), SECONDS per run (default 5),
+//! ROUNDS per rate and target (default 2). `BENCH_CONNS` sets the connections (default 4);
+//! `SHOAL_BIN` runs another `shoal` binary instead of this tree's; `SHOAL_BASELINE` runs a
+//! second agent from another build (e.g. of main) beside it, loaded alike and measured in the
+//! same rounds, so old and new are compared under the same machine load.
 
-use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -25,7 +34,8 @@ use shoal_transport::certs;
 
 const RECORDS: usize = 33_000;
 const SERVICES: usize = 2_000;
-const THREADS: usize = 4;
+/// Default keep-alive connections of the load generator (one thread each).
+const CONNS: usize = 4;
 
 fn build_snapshot(region: &Region) -> Vec<u8> {
     let key = shoal_agent::dev_authority::dev_key(region);
@@ -71,51 +81,10 @@ fn build_snapshot(region: &Region) -> Vec<u8> {
     ))
 }
 
-/// A keep-alive HTTP/1.1 client over the unix socket.
-struct Conn {
-    w: UnixStream,
-    r: BufReader<UnixStream>,
-}
+#[path = "agent/load.rs"]
+mod load;
 
-impl Conn {
-    fn new(socket: &Path) -> Self {
-        let s = UnixStream::connect(socket).unwrap();
-        Self {
-            r: BufReader::new(s.try_clone().unwrap()),
-            w: s,
-        }
-    }
-
-    fn get(&mut self, path: &str) -> u16 {
-        write!(self.w, "GET {path} HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
-        let mut line = String::new();
-        self.r.read_line(&mut line).unwrap();
-        let status = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-        let mut len = 0;
-        loop {
-            line.clear();
-            self.r.read_line(&mut line).unwrap();
-            if line == "\r\n" {
-                break;
-            }
-            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                len = v.trim().parse().unwrap();
-            }
-        }
-        let mut body = vec![0; len];
-        self.r.read_exact(&mut body).unwrap();
-        status
-    }
-}
-
-fn path(i: usize) -> String {
-    let svc = i % SERVICES;
-    if i.is_multiple_of(2) {
-        format!("/v1/services/prod/svc-{svc}/http/endpoints")
-    } else {
-        format!("/v1/services/prod/svc-{svc}/http/pick")
-    }
-}
+use load::{closed_loop, open_loop, Conn, Run};
 
 fn rss_kib(pid: u32) -> (u64, u64) {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -129,9 +98,153 @@ fn rss_kib(pid: u32) -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
-fn pct(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
+/// A server under test: its socket and the processes whose CPU time it spends.
+struct Target {
+    name: &'static str,
+    socket: std::path::PathBuf,
+    pid: u32,
+}
+
+/// utime + stime (clock ticks) of `pid` and its direct children (nginx's workers).
+fn cpu_ticks(pid: u32) -> u64 {
+    let one = |p: &str| {
+        std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .ok()
+            .and_then(|s| {
+                // Fields after the parenthesised command name: state is field 3, utime 14, stime 15.
+                let rest = s.rsplit_once(')')?.1;
+                let f: Vec<&str> = rest.split_whitespace().collect();
+                Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+            })
+            .unwrap_or(0)
+    };
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    one(&pid.to_string()) + children.split_whitespace().map(one).sum::<u64>()
+}
+
+/// The machine's load averages (1, 5, 15 min) from `/proc/loadavg`: the machine is shared, so
+/// every figure carries the load it was taken under.
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|| "?".into())
+}
+
+fn clk_tck() -> u64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100)
+}
+
+/// Starts nginx serving `endpoints` and `pick` bodies (for `.../endpoints` and `.../pick`) on
+/// a unix socket in `dir`, two workers (the agent runs two tokio workers). `None` when nginx
+/// is not installed.
+fn start_nginx(dir: &Path, endpoints: &[u8], pick: &[u8]) -> Option<(std::process::Child, Target)> {
+    let bin = ["/usr/sbin/nginx", "/usr/bin/nginx"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())?;
+    let root = dir.join("nginx");
+    std::fs::create_dir_all(root.join("www")).unwrap();
+    std::fs::write(root.join("www/endpoints.json"), endpoints).unwrap();
+    std::fs::write(root.join("www/pick.json"), pick).unwrap();
+    let socket = root.join("nginx.sock");
+    let conf = format!(
+        "user root;\nworker_processes 2;\npid {r}/nginx.pid;\nerror_log {r}/error.log warn;\n\
+         events {{ worker_connections 256; }}\n\
+         http {{\n  access_log off;\n  keepalive_requests 100000000;\n  keepalive_timeout 600s;\n\
+         \x20 default_type application/json;\n\
+         \x20 server {{\n    listen unix:{s};\n    root {r}/www;\n\
+         \x20   rewrite ^.*/endpoints$ /endpoints.json break;\n\
+         \x20   rewrite ^.*/pick$ /pick.json break;\n  }}\n}}\n",
+        r = root.display(),
+        s = socket.display()
+    );
+    std::fs::write(root.join("nginx.conf"), conf).unwrap();
+    let child = Command::new(bin)
+        .arg("-c")
+        .arg(root.join("nginx.conf"))
+        .args(["-g", "daemon off;"])
+        .stdout(Stdio::null())
+        .spawn()
+        .ok()?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !socket.exists() {
+        if Instant::now() > deadline {
+            eprintln!("nginx did not create its socket; reference skipped");
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = child.id();
+    Some((
+        child,
+        Target {
+            name: "nginx",
+            socket,
+            pid,
+        },
+    ))
+}
+
+/// Starts `bin` as an agent named `name` whose data dir (under `dir`) holds `snap`, and waits
+/// until it answers from it. Prints its RSS once loaded.
+fn start_agent(
+    dir: &Path,
+    name: &'static str,
+    bin: &str,
+    snap: &[u8],
+) -> (std::process::Child, Target) {
+    let home = dir.join(name);
+    let data = home.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("catalog.snap"), snap).unwrap();
+    let socket = home.join("agent.sock");
+    std::fs::write(
+        home.join("agent.toml"),
+        format!(
+            "node_id = \"bench\"\nregion = \"dev\"\nzone = \"z0\"\ndata_dir = \"data\"\nlisten = \"127.0.0.1:0\"\nadvertise = \"127.0.0.1:1\"\nsocket = \"{}\"\n[tls]\nca = \"{d}/dev-ca.pem\"\ncert = \"{d}/dev-node-bench.pem\"\nkey = \"{d}/dev-node-bench-key.pem\"\n[authority]\ndev = true\n[persist]\ninterval_ms = 600000\n",
+            socket.display(),
+            d = dir.display(),
+        ),
+    )
+    .unwrap();
+    println!("{name} binary: {bin}");
+    let child = Command::new(bin)
+        .args(["agent", "--config"])
+        .arg(home.join("agent.toml"))
+        .env("SHOAL_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "{name} did not load the snapshot"
+        );
+        if let Ok(s) = UnixStream::connect(&socket) {
+            drop(s);
+            let mut c = Conn::new(&socket);
+            if c.get("/v1/services/prod/svc-1/http/endpoints").0 == 200 {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (rss, hwm) = rss_kib(child.id());
+    println!(
+        "{name} RSS with {RECORDS} records loaded: {:.1} MiB (peak {:.1} MiB)",
+        rss as f64 / 1024.0,
+        hwm as f64 / 1024.0
+    );
+    let pid = child.id();
+    (child, Target { name, socket, pid })
 }
 
 fn main() {
@@ -139,8 +252,18 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with("--"))
         .collect();
-    let rate: u64 = args.first().and_then(|a| a.parse().ok()).unwrap_or(10_000);
+    let rates: Vec<u64> = args
+        .first()
+        .map_or("2000,10000", String::as_str)
+        .split(',')
+        .filter_map(|r| r.trim().parse().ok())
+        .collect();
     let secs: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(5);
+    let rounds: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(2);
+    let conns: usize = std::env::var("BENCH_CONNS")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(CONNS);
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let region: Region = "dev".parse().unwrap();
@@ -153,8 +276,6 @@ fn main() {
         dir,
     )
     .unwrap();
-    let data = dir.join("data");
-    std::fs::create_dir_all(&data).unwrap();
     let t = Instant::now();
     let snap = build_snapshot(&region);
     println!(
@@ -162,121 +283,95 @@ fn main() {
         snap.len(),
         t.elapsed()
     );
-    std::fs::write(data.join("catalog.snap"), &snap).unwrap();
-    let socket = dir.join("agent.sock");
-    std::fs::write(
-        dir.join("agent.toml"),
-        format!(
-            "node_id = \"bench\"\nregion = \"dev\"\nzone = \"z0\"\ndata_dir = \"data\"\nlisten = \"127.0.0.1:0\"\nadvertise = \"127.0.0.1:1\"\nsocket = \"{}\"\n[tls]\nca = \"dev-ca.pem\"\ncert = \"dev-node-bench.pem\"\nkey = \"dev-node-bench-key.pem\"\n[authority]\ndev = true\n[persist]\ninterval_ms = 600000\n",
-            socket.display()
-        ),
-    )
-    .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_shoal"))
-        .args(["agent", "--config"])
-        .arg(dir.join("agent.toml"))
-        .env("SHOAL_LOG", "warn")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        assert!(Instant::now() < deadline, "agent did not load the snapshot");
-        if let Ok(s) = UnixStream::connect(&socket) {
-            drop(s);
-            let mut c = Conn::new(&socket);
-            if c.get("/v1/services/prod/svc-1/http/endpoints") == 200 {
-                break;
+    // This tree's agent, and SHOAL_BASELINE's (another build, e.g. of main) beside it.
+    let this = std::env::var("SHOAL_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_shoal").into());
+    let mut agents = vec![start_agent(dir, "agent", &this, &snap)];
+    if let Ok(base) = std::env::var("SHOAL_BASELINE") {
+        agents.push(start_agent(dir, "baseline", &base, &snap));
+    }
+
+    // Warm-up, and the agent's own answers as nginx's files (same sizes).
+    let mut c = Conn::new(&agents[0].1.socket);
+    let (_, endpoints_body) = c.get(&load::path(0));
+    let (_, pick_body) = c.get(&load::path(1));
+    println!(
+        "answer sizes: endpoints {} bytes, pick {} bytes",
+        endpoints_body.len(),
+        pick_body.len()
+    );
+    drop(c);
+    let nginx = start_nginx(dir, &endpoints_body, &pick_body);
+    if nginx.is_none() {
+        println!("nginx not installed (apt-get install nginx-light): reference skipped");
+    }
+    let mut targets: Vec<&Target> = agents.iter().map(|(_, t)| t).collect();
+    if let Some((_, n)) = &nginx {
+        targets.push(n);
+    }
+    for t in &targets {
+        let mut c = Conn::new(&t.socket);
+        for i in 0..2_000 {
+            c.get(&load::path(i));
+        }
+    }
+    let hz = clk_tck();
+    let mut table: Vec<(u64, &str, Run, f64, String)> = Vec::new();
+    for &rate in &rates {
+        for _ in 0..rounds {
+            for t in &targets {
+                let c0 = cpu_ticks(t.pid);
+                let run = open_loop(&t.socket, rate, secs, conns);
+                let cpu_s = (cpu_ticks(t.pid) - c0) as f64 / hz as f64;
+                let us_per_req = cpu_s * 1e6 / run.completed.max(1) as f64;
+                let load = loadavg();
+                println!(
+                    "{:<10} {} server CPU {:.1} us/request, load average {load}",
+                    t.name, run, us_per_req
+                );
+                table.push((rate, t.name, run, us_per_req, load));
             }
         }
-        std::thread::sleep(Duration::from_millis(100));
     }
-    let (rss, hwm) = rss_kib(child.id());
-    println!(
-        "agent RSS with {RECORDS} records loaded: {:.1} MiB (peak {:.1} MiB)",
-        rss as f64 / 1024.0,
-        hwm as f64 / 1024.0
-    );
-
-    // Warm-up.
-    let mut c = Conn::new(&socket);
-    for i in 0..2_000 {
-        c.get(&path(i));
+    println!();
+    println!("| offered req/s | server | achieved req/s | non-200 | p50 | p99 | p99.9 | max | server CPU us/req | load avg 1/5/15 min |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    for (rate, name, r, us, load) in &table {
+        println!(
+            "| {rate} | {name} | {:.0} | {} | {} | {} | {} | {} | {us:.1} | {load} |",
+            r.achieved,
+            r.errors,
+            load::ms(r.p50),
+            load::ms(r.p99),
+            load::ms(r.p999),
+            load::ms(r.max)
+        );
     }
-
-    // Open loop at `rate` req/s across THREADS connections.
-    let per_thread = rate / THREADS as u64;
-    let interval = Duration::from_nanos(1_000_000_000 / per_thread.max(1));
-    let total = per_thread * secs;
-    let start = Instant::now() + Duration::from_millis(50);
-    let handles: Vec<_> = (0..THREADS)
-        .map(|t| {
-            let socket = socket.clone();
-            std::thread::spawn(move || {
-                let mut c = Conn::new(&socket);
-                let mut lat = Vec::with_capacity(total as usize);
-                let mut errors = 0u64;
-                for k in 0..total {
-                    let due = start + interval * k as u32;
-                    let now = Instant::now();
-                    if due > now {
-                        std::thread::sleep(due - now);
-                    }
-                    let st = c.get(&path(t * 7919 + k as usize));
-                    if st != 200 {
-                        errors += 1;
-                    }
-                    lat.push(Instant::now() - due);
-                }
-                (lat, errors)
-            })
-        })
-        .collect();
-    let mut lat = Vec::new();
-    let mut errors = 0;
-    for h in handles {
-        let (l, e) = h.join().unwrap();
-        lat.extend(l);
-        errors += e;
+    println!();
+    for t in &targets {
+        println!(
+            "closed loop {:<12}: {:.0} req/s over {conns} connections",
+            t.name,
+            closed_loop(&t.socket, conns, 3)
+        );
     }
-    let elapsed = start.elapsed();
-    lat.sort();
-    println!(
-        "open loop: offered {rate} req/s for {secs} s over {THREADS} keep-alive connections: achieved {:.0} req/s, non-200 {errors}, latency p50 {:?} p99 {:?} p99.9 {:?} max {:?}",
-        lat.len() as f64 / elapsed.as_secs_f64(),
-        pct(&lat, 0.50),
-        pct(&lat, 0.99),
-        pct(&lat, 0.999),
-        lat.last().unwrap()
-    );
-
-    // Closed loop: as fast as possible for 3 s.
-    let stop = Instant::now() + Duration::from_secs(3);
-    let handles: Vec<_> = (0..THREADS)
-        .map(|t| {
-            let socket = socket.clone();
-            std::thread::spawn(move || {
-                let mut c = Conn::new(&socket);
-                let mut n = 0usize;
-                while Instant::now() < stop {
-                    c.get(&path(t * 7919 + n));
-                    n += 1;
-                }
-                n
-            })
-        })
-        .collect();
-    let n: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
-    println!(
-        "closed loop: {:.0} req/s over {THREADS} connections",
-        n as f64 / 3.0
-    );
-    let (rss, hwm) = rss_kib(child.id());
-    println!(
-        "agent RSS after the load: {:.1} MiB (peak {:.1} MiB)",
-        rss as f64 / 1024.0,
-        hwm as f64 / 1024.0
-    );
-    let _ = child.kill();
-    let _ = child.wait();
+    for (_, t) in &agents {
+        let (rss, hwm) = rss_kib(t.pid);
+        println!(
+            "{} RSS after the load: {:.1} MiB (peak {:.1} MiB)",
+            t.name,
+            rss as f64 / 1024.0,
+            hwm as f64 / 1024.0
+        );
+    }
+    if let Some((mut n, _)) = nginx {
+        // TERM, not KILL: the master then stops its workers.
+        let _ = Command::new("kill")
+            .args(["-TERM", &n.id().to_string()])
+            .status();
+        let _ = n.wait();
+    }
+    for (mut child, _) in agents {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }

@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use crate::keys::Jitter;
 use crate::state::Shared;
 
 use super::Watched;
@@ -23,7 +22,7 @@ pub(super) const DEFAULT_WAIT_MS: u64 = 300_000;
 /// random jitter of up to `wait_ms / 16` elapses (Consul adds it so that watchers woken
 /// together do not all come back at once). Returns at once when the index is already above.
 pub(crate) async fn block_on(shared: &Shared, watched: Watched<'_>, index: u64, wait_ms: u64) {
-    let wait = wait_ms + Jitter::new().upto(wait_ms / 16);
+    let wait = wait_ms + super::rng::upto(wait_ms / 16);
     let mut rx = shared.index.subscribe(watched);
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait);
     loop {

@@ -28,6 +28,7 @@ mod json;
 mod query;
 mod reads;
 mod register;
+mod rng;
 mod writes;
 
 pub(crate) use block::block_on;

@@ -1,6 +1,6 @@
 //! Query-string parsing (`?state=…&label=dim:value&index=…&wait=…`) and endpoint filters.
 
-use shoal_catalog::view::{EndpointState, EndpointView};
+use shoal_catalog::view::EndpointState;
 use shoal_proto::LabelDimension;
 
 use super::*;
@@ -100,24 +100,37 @@ pub(super) fn parse_query(raw: Option<String>) -> Result<Query, ApiError> {
 }
 
 impl Query {
-    pub(super) fn matches(&self, e: &EndpointView) -> bool {
-        (self.states.is_empty() || self.states.contains(&e.state))
+    /// True when an endpoint in `state`, of `region`, with `endpoint`'s spec passes every
+    /// filter (borrowed parts: no owned view is built per candidate).
+    pub(super) fn matches_parts(
+        &self,
+        state: EndpointState,
+        region: &shoal_proto::Region,
+        endpoint: &shoal_proto::EndpointSpec,
+    ) -> bool {
+        (self.states.is_empty() || self.states.contains(&state))
             && self
                 .zone
                 .as_deref()
-                .is_none_or(|z| e.endpoint.zone.as_str() == z)
-            && self
-                .region
-                .as_deref()
-                .is_none_or(|r| e.region.as_str() == r)
+                .is_none_or(|z| endpoint.zone.as_str() == z)
+            && self.region.as_deref().is_none_or(|r| region.as_str() == r)
             && self
                 .version
                 .as_deref()
-                .is_none_or(|v| e.endpoint.version.as_str() == v)
+                .is_none_or(|v| endpoint.version.as_str() == v)
             && self
                 .labels
                 .iter()
-                .all(|(d, v)| e.endpoint.labels.get(*d) == Some(v.as_str()))
+                .all(|(d, v)| endpoint.labels.get(*d) == Some(v.as_str()))
+    }
+
+    /// True when nothing filters (every endpoint matches).
+    pub(super) fn is_unfiltered(&self) -> bool {
+        self.states.is_empty()
+            && self.zone.is_none()
+            && self.region.is_none()
+            && self.version.is_none()
+            && self.labels.is_empty()
     }
 }
 

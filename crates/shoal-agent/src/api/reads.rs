@@ -13,8 +13,7 @@ use shoal_proto::{LifecycleState, ServiceKey};
 
 use super::*;
 use crate::access::Action;
-use crate::keys::Jitter;
-use crate::state::{Shared, ViewLiveness};
+use crate::state::Shared;
 
 pub(super) async fn openapi() -> Response {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
@@ -23,25 +22,21 @@ pub(super) async fn openapi() -> Response {
 /// One endpoint of a view with its record times.
 pub(crate) type TimedView = (EndpointView, RecordTimes);
 
+/// Every endpoint of `key` (tombstones excluded) with its record times, and the service's
+/// modify index and the catalog index, from the current [`View`](crate::state::View) (no lock).
 pub(crate) fn service_view(shared: &Shared, key: &ServiceKey) -> (Vec<TimedView>, u64, u64) {
     let now = shared.now_ms();
-    let mesh = shared.mesh.read().expect("mesh lock");
-    let ej = shared.ejections.lock().expect("ejections");
-    let times = shared.apply_times.lock().expect("apply times");
-    let liveness = ViewLiveness {
-        mesh: mesh.liveness(),
-        ejections: &ej,
-        now_ms: now,
-    };
-    let v = mesh.catalog().view(key, &liveness);
+    let view = shared.view.load();
+    let liveness = view.liveness(now);
+    let v = view.catalog.view(key, &liveness);
     let endpoints = v
         .endpoints
         .into_iter()
         .map(|e| {
-            let t = mesh
-                .catalog()
+            let t = view
+                .catalog
                 .entry(key, &e.instance)
-                .map(|entry| RecordTimes::of(key, entry, &times))
+                .map(|entry| RecordTimes::of(key, entry, &view.apply_times))
                 .unwrap_or_default();
             (e, t)
         })
@@ -60,26 +55,21 @@ pub(super) async fn services(
     }
     let index = shared.index.current();
     let list: Vec<Value> = {
-        let now = shared.now_ms();
-        let mesh = shared.mesh.read().expect("mesh lock");
-        let ej = shared.ejections.lock().expect("ejections");
-        let liveness = ViewLiveness {
-            mesh: mesh.liveness(),
-            ejections: &ej,
-            now_ms: now,
-        };
-        mesh.catalog()
+        let view = shared.view.load();
+        let liveness = view.liveness(shared.now_ms());
+        let catalog = &view.catalog;
+        catalog
             .service_keys()
             .filter(|k| shared.cfg.access.allows(&who, Action::Read, k))
             .map(|k| {
-                let s = mesh.catalog().service(k);
+                let s = catalog.service(k);
                 let total = s.map_or(0, |s| {
                     s.instances
                         .values()
                         .filter(|e| e.lifecycle().record.state != LifecycleState::Expired)
                         .count()
                 });
-                let routable = mesh.catalog().routable(k, &liveness).count();
+                let routable = catalog.routable(k, &liveness).count();
                 json!({"service": k.to_string(), "endpoints": total, "routable": routable})
             })
             .collect()
@@ -120,23 +110,26 @@ pub(super) async fn endpoints(
     }
     // Read before the view: a change racing the read then shows up in the next answer.
     let index = shared.index.service(&key);
-    let (eps, modify_index, catalog_index) = service_view(&shared, &key);
-    let list: Vec<Value> = eps
-        .iter()
-        .filter(|(e, _)| q.matches(e))
-        .map(|(e, t)| endpoint_json(e, *t))
+    let fresh = shared.freshness();
+    let view = shared.view.load();
+    let liveness = view.liveness(shared.now_ms());
+    let service = view.catalog.service(&key);
+    let endpoints = service
+        .into_iter()
+        .flat_map(|s| s.instances.values())
+        .filter(|e| e.lifecycle().record.state != LifecycleState::Expired)
+        .map(|e| EndpointOut::of(&key, e, &liveness, &view.apply_times))
+        .filter(|e| q.matches_parts(e.state(), &e.record().region, &e.record().endpoint))
         .collect();
-    let mut body = freshness(&shared, index);
-    body.insert("service".into(), json!(key.to_string()));
-    body.insert("modify_index".into(), json!(modify_index));
-    body.insert("catalog_index".into(), json!(catalog_index));
-    body.insert("endpoints".into(), Value::Array(list));
-    Ok(with_index(
-        &shared,
+    let answer = EndpointsAnswer {
+        fresh,
         index,
-        StatusCode::OK,
-        Value::Object(body),
-    ))
+        key: &key,
+        modify_index: service.map_or(0, |s| s.modify_index),
+        catalog_index: view.catalog.index(),
+        endpoints,
+    };
+    Ok(json_answer(index, fresh.stale, StatusCode::OK, &answer))
 }
 
 /// The `service` label of `shoal_no_backend_total` for a service neither in the catalog nor in
@@ -154,62 +147,68 @@ pub(super) async fn pick(
     let (write_intent, raw) =
         crate::failover::take_intent(raw).map_err(|e| ApiError::bad("bad_query", e))?;
     let q = parse_query(raw)?;
-    let r = Jitter::new().next_u64();
+    let r = super::rng::next_u64();
     let index = shared.index.service(&key);
     let spill_factor = shared.failover.overprovisioning_factor_pct(&key);
-    let (picked, known, capacity) = {
-        let now = shared.now_ms();
-        let mesh = shared.mesh.read().expect("mesh lock");
-        let ej = shared.ejections.lock().expect("ejections");
-        let times = shared.apply_times.lock().expect("apply times");
-        let liveness = ViewLiveness {
-            mesh: mesh.liveness(),
-            ejections: &ej,
-            now_ms: now,
-        };
-        let candidates = mesh
-            .catalog()
-            .routable(&key, &liveness)
-            .filter(|e| q.matches(&EndpointView::of(e, &liveness)));
-        let picked =
-            view::pick(candidates, &shared.cfg.region, &shared.cfg.zone, false, r).map(|e| {
-                (
-                    EndpointView::of(e, &liveness),
-                    RecordTimes::of(&key, e, &times),
-                )
-            });
-        // Threshold failover only: the region's routable / registered counts (ADR 0013).
-        let capacity = spill_factor.map(|_| {
-            crate::failover::LocalCapacity::of(mesh.catalog(), &key, &shared.cfg.region, &liveness)
+    let fresh = shared.freshness();
+    let known = {
+        let snap = shared.view.load();
+        let liveness = snap.liveness(shared.now_ms());
+        let unfiltered = q.is_unfiltered();
+        let candidates = snap.catalog.routable(&key, &liveness).filter(|e| {
+            unfiltered || {
+                let life = &e.lifecycle().record;
+                // Routable entries are READY (view::is_routable).
+                q.matches_parts(view::EndpointState::Ready, &life.region, &life.endpoint)
+            }
         });
-        (picked, mesh.catalog().service(&key).is_some(), capacity)
+        let picked = view::pick(candidates, &shared.cfg.region, &shared.cfg.zone, false, r);
+        if let Some(e) = picked {
+            // Threshold failover only: the region's routable / registered counts decide
+            // whether this pick spills to the policy's regions (ADR 0013).
+            if spill_factor.is_some() {
+                let capacity = crate::failover::LocalCapacity::of(
+                    &snap.catalog,
+                    &key,
+                    &shared.cfg.region,
+                    &liveness,
+                );
+                let now_s = shared.now_ms() / 1_000;
+                if let Some(p) = shared
+                    .failover
+                    .spill_remote(&key, capacity, write_intent, now_s, r)
+                {
+                    let mut body = freshness(&shared, index);
+                    body.insert("service".into(), json!(key.to_string()));
+                    crate::failover::answer_json(&mut body, &p);
+                    return Ok(with_index(
+                        &shared,
+                        index,
+                        StatusCode::OK,
+                        Value::Object(body),
+                    ));
+                }
+            }
+            let endpoint = EndpointOut::of(&key, e, &liveness, &snap.apply_times);
+            let zone = &e.lifecycle().record.endpoint.zone;
+            let answer = PickAnswer {
+                fresh,
+                index,
+                key: &key,
+                tier: crate::failover::local_tier(zone, &shared.cfg.zone).label(),
+                endpoint,
+            };
+            return Ok(json_answer(index, fresh.stale, StatusCode::OK, &answer));
+        }
+        snap.catalog.service(&key).is_some()
     };
+    // No local backend: a remote region's, if policy allows failover (ADR 0013).
     let mut body = freshness(&shared, index);
     body.insert("service".into(), json!(key.to_string()));
-    let spilled = match (&picked, capacity) {
-        (Some(_), Some(c)) => {
-            let now_s = shared.now_ms() / 1_000;
-            shared
-                .failover
-                .spill_remote(&key, c, write_intent, now_s, r)
-        }
-        _ => None,
-    };
-    if let Some(p) = spilled {
-        crate::failover::answer_json(&mut body, &p);
-        return Ok(with_index(
-            &shared,
-            index,
-            StatusCode::OK,
-            Value::Object(body),
-        ));
-    }
-    match picked {
-        Some((e, t)) => {
-            let tier = crate::failover::local_tier(&e.endpoint.zone, &shared.cfg.zone);
-            body.insert("tier".into(), json!(tier.label()));
-            body.insert("read_only".into(), json!(false));
-            body.insert("endpoint".into(), endpoint_json(&e, t));
+    let now_s = shared.now_ms() / 1_000;
+    match shared.failover.pick_remote(&key, write_intent, now_s, r) {
+        Ok(p) => {
+            crate::failover::answer_json(&mut body, &p);
             Ok(with_index(
                 &shared,
                 index,
@@ -217,39 +216,25 @@ pub(super) async fn pick(
                 Value::Object(body),
             ))
         }
-        None => {
-            let now_s = shared.now_ms() / 1_000;
-            match shared.failover.pick_remote(&key, write_intent, now_s, r) {
-                Ok(p) => {
-                    crate::failover::answer_json(&mut body, &p);
-                    Ok(with_index(
-                        &shared,
-                        index,
-                        StatusCode::OK,
-                        Value::Object(body),
-                    ))
-                }
-                Err(why) => {
-                    // A caller may name any service: only one the catalog or the policy knows
-                    // gets its own label, so requests cannot grow the label set without bound.
-                    let label = if known || shared.failover.has_policy(&key) {
-                        key.to_string()
-                    } else {
-                        UNKNOWN_SERVICE_LABEL.to_owned()
-                    };
-                    counter!("shoal_no_backend_total", "service" => label).increment(1);
-                    let (error, detail) = crate::failover::message(&why);
-                    body.insert("error".into(), json!(error));
-                    body.insert("reason".into(), json!(why.as_label()));
-                    body.insert("detail".into(), json!(detail));
-                    Ok(with_index(
-                        &shared,
-                        index,
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        Value::Object(body),
-                    ))
-                }
-            }
+        Err(why) => {
+            // A caller may name any service: only one the catalog or the policy knows gets its
+            // own label, so requests cannot grow the label set without bound.
+            let label = if known || shared.failover.has_policy(&key) {
+                key.to_string()
+            } else {
+                UNKNOWN_SERVICE_LABEL.to_owned()
+            };
+            counter!("shoal_no_backend_total", "service" => label).increment(1);
+            let (error, detail) = crate::failover::message(&why);
+            body.insert("error".into(), json!(error));
+            body.insert("reason".into(), json!(why.as_label()));
+            body.insert("detail".into(), json!(detail));
+            Ok(with_index(
+                &shared,
+                index,
+                StatusCode::SERVICE_UNAVAILABLE,
+                Value::Object(body),
+            ))
         }
     }
 }

@@ -142,6 +142,8 @@ pub(super) async fn report_inner(
             crate::metrics::rejected("api", "ejections_full");
         } else {
             ej.insert((instance.clone(), generation), now + ms);
+            // Published before the index bump below, so a woken watcher sees it.
+            shared.publish_ejections(&ej);
             ejected_until = Some(ms);
             counter!("shoal_local_ejections_total", "outcome" => "ejected").increment(1);
         }
