@@ -205,7 +205,10 @@ fn probes_registered_over_the_api_resume_after_an_agent_restart() {
             .then_some(())
     });
     routable_everywhere(&c, "after the restart");
-    println!("kill -9 + restart -> routable everywhere again: {:?}", restarted.elapsed());
+    println!(
+        "kill -9 + restart -> routable everywhere again: {:?}",
+        restarted.elapsed()
+    );
 
     // The backend dies: the resumed probe fails and every other agent withdraws it on node-b's
     // failing health (not because node-b is down: it answers and is up in their views). Before
@@ -240,5 +243,8 @@ fn probes_registered_over_the_api_resume_after_an_agent_restart() {
             );
         }
     }
-    println!("port closed after the restart -> unroutable at both peers: {:?}", closed.elapsed());
+    println!(
+        "port closed after the restart -> unroutable at both peers: {:?}",
+        closed.elapsed()
+    );
 }

@@ -174,9 +174,10 @@ pub(super) async fn pick(
                     &liveness,
                 );
                 let now_s = shared.now_ms() / 1_000;
-                if let Some(p) = shared
-                    .failover
-                    .spill_remote(&key, capacity, write_intent, now_s, r)
+                if let Some(p) =
+                    shared
+                        .failover
+                        .spill_remote(&key, capacity, write_intent, now_s, r)
                 {
                     let mut body = freshness(&shared, index);
                     body.insert("service".into(), json!(key.to_string()));
