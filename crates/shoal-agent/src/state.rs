@@ -523,6 +523,20 @@ impl ApplyTimes {
     }
 }
 
+/// Records when this agent applied `r` (wall clock, Unix ms) and the watch lag since the
+/// authority committed it.
+fn stamp_apply_time(times: &mut ApplyTimes, r: &LifecycleRecord) {
+    let wall_ms = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    if !times.record(r, wall_ms) {
+        metrics::counter!("shoal_apply_times_dropped_total").increment(1);
+    }
+    let lag_ms = wall_ms.saturating_sub(r.committed_at_ms);
+    metrics::histogram!("shoal_watch_lag_seconds").record(lag_ms as f64 / 1000.0);
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -558,18 +572,4 @@ mod tests {
         assert!(times.record(&expired.record, 2_000));
         assert!(times.is_empty());
     }
-}
-
-/// Records when this agent applied `r` (wall clock, Unix ms) and the watch lag since the
-/// authority committed it.
-fn stamp_apply_time(times: &mut ApplyTimes, r: &LifecycleRecord) {
-    let wall_ms = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0);
-    if !times.record(r, wall_ms) {
-        metrics::counter!("shoal_apply_times_dropped_total").increment(1);
-    }
-    let lag_ms = wall_ms.saturating_sub(r.committed_at_ms);
-    metrics::histogram!("shoal_watch_lag_seconds").record(lag_ms as f64 / 1000.0);
 }
