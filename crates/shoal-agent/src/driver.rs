@@ -357,6 +357,7 @@ impl Driver {
             shared.status.lock().expect("status").last_authority_ms = Some(now);
         }
         crate::metrics::export_counters(&mesh, &tc);
+        counter!("shoal_mesh_send_errors_total").absolute(self.io.send_errors());
         shared.tidy_view(&mesh);
         let liveness = mesh.liveness();
         for key in mesh.catalog().service_keys() {

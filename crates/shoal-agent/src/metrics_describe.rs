@@ -51,6 +51,7 @@ const COUNTERS: &[(&str, &str)] = &[
     ("shoal_swim_identity_conflicts_total", "SWIM identity conflicts (same node, different identity)."),
     ("shoal_swim_members_learned_total", "Members learned through membership push-pull."),
     ("shoal_swim_rejoins_total", "Times this agent renewed its identity after being declared down."),
+    ("shoal_mesh_send_errors_total", "Mesh transmits (SWIM datagrams and stream messages) the transport refused: queue full, oversize or shut down (the shoal_transport_* counters say which); SWIM and anti-entropy repair what is lost."),
     ("shoal_swim_downs_withheld_total", "Suspect-to-down decisions withheld because most of this agent's own probes failed (membership/accuser.rs)."),
     ("shoal_swim_downs_voided_total", "Withheld suspect-to-down decisions dropped once this agent's probes succeeded again."),
     ("shoal_swim_renewals_withheld_total", "Identity renewals (TurnUndead) not acted on because most of this agent's own probes failed."),
