@@ -222,10 +222,15 @@ echo "--- shoal watch across an agent restart"
 wpid=$!
 pids+=($wpid)
 wait_for "first watch line" test -s watch.out
-kill -TERM "$(cat node-2.pid)"; wait "$(cat node-2.pid)" 2>/dev/null || true
+old=$(cat node-2.pid)
+kill -TERM "$old"; wait "$old" 2>/dev/null || true
+# As a supervisor does: the new process starts once the old one has exited (it may still be
+# leaving the mesh and persisting after SIGTERM).
+wait_for "the stopped node-2 to exit" bash -c "! kill -0 $old"
 start node-2
 wait_for "node-2 back" bash -c "curl -sf --unix-socket $DIR/node-2.sock http://a/v1/agent/self | jq -e .active"
-"$SHOAL" --socket "$DIR/node-2.sock" ready prod/web/http web-1 >/dev/null
+"$SHOAL" --socket "$DIR/node-2.sock" ready prod/web/http web-1 >/dev/null \
+  || { echo "ready after the restart failed; node-2's log:" >&2; tail -40 node-2.log >&2; exit 1; }
 wait_for "watch printed the READY" bash -c "tail -1 watch.out | jq -e '.endpoints[] | select(.instance==\"web-1\" and .state==\"READY\")'"
 kill -0 "$wpid" || { echo "shoal watch exited across the restart" >&2; cat watch.err >&2; exit 1; }
 lines=$(wc -l < watch.out)

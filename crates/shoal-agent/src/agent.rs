@@ -223,6 +223,7 @@ pub async fn run_until(
         shared.cfg.raw.api.socket_mode,
         shared.cfg.socket_gid,
     )?;
+    let bound = socket_inode(&socket);
     let app = crate::api::router(shared.clone());
     let limiter = crate::listener::ConnLimiter::new(max_total, max_per_uid);
     let serve_cfg = crate::listener::ServeConfig {
@@ -274,7 +275,12 @@ pub async fn run_until(
     }
     let _ = stop_tx.send(());
     let _ = driver_task.await;
-    let _ = std::fs::remove_file(&socket);
+    // Only our own socket: a new agent started while this one was stopping has already
+    // replaced the path (bind_socket removes a socket nobody listens on), and removing its
+    // socket would leave it running but unreachable.
+    if bound.is_some() && socket_inode(&socket) == bound {
+        let _ = std::fs::remove_file(&socket);
+    }
     tracing::info!("agent stopped");
     Ok(())
 }
@@ -286,6 +292,14 @@ fn notify_service_manager(states: &[sd_notify::NotifyState<'_>]) {
     if let Err(e) = sd_notify::notify(states) {
         tracing::warn!(error = %e, "sd_notify to $NOTIFY_SOCKET failed");
     }
+}
+
+/// `(device, inode)` of the file at `path`, to tell our socket from a successor's.
+fn socket_inode(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
 }
 
 fn bind_socket(
