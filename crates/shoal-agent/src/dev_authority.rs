@@ -114,7 +114,7 @@ impl DevAuthority {
             committed_at_ms,
             signing_key: &self.key,
         };
-        let retry_of = cmd.clone();
+        let retry_of = cmd.transition_target();
         let result = self.state.apply_on_behalf(cmd, ctx, on_behalf_of);
         self.save();
         self.append_audit();
@@ -122,12 +122,12 @@ impl DevAuthority {
             Ok(records) => records,
             Err(r @ Refusal::AlreadyInState(_)) => {
                 // A retry of a write that committed: answer with the committed record.
-                self.state
-                    .retry_answer(&retry_of)
-                    .ok_or_else(|| AuthorityError::Refused {
+                self.state.retry_answer(retry_of.as_ref()).ok_or_else(|| {
+                    AuthorityError::Refused {
                         code: r.code().to_owned(),
                         reason: r.to_string(),
-                    })?
+                    }
+                })?
             }
             Err(r) => {
                 return Err(AuthorityError::Refused {

@@ -10,7 +10,7 @@
 use std::collections::BTreeSet;
 
 use shoal_proto::rpc::{AuthorityRequestBody, MembersOp};
-use shoal_proto::{NodeId, ServiceKey, SignedLifecycle};
+use shoal_proto::{InstanceId, NodeId, ServiceKey, SignedLifecycle};
 
 use crate::{AuthorityCommand, AuthorityState, Caller, Refusal};
 
@@ -27,6 +27,17 @@ impl Caller {
             Self::Operator
         } else {
             Self::Node(node.clone())
+        }
+    }
+}
+
+impl AuthorityCommand {
+    /// The instance a transition names, kept before the command is consumed so a refused
+    /// retry can be answered ([`AuthorityState::retry_answer`]); `None` for other commands.
+    pub fn transition_target(&self) -> Option<(ServiceKey, InstanceId)> {
+        match self {
+            Self::Transition { key, instance, .. } => Some((key.clone(), instance.clone())),
+            _ => None,
         }
     }
 }
@@ -182,14 +193,15 @@ pub fn route(caller: Caller, body: AuthorityRequestBody) -> Routed {
 }
 
 impl AuthorityState {
-    /// The answer to `cmd` refused with [`Refusal::AlreadyInState`] when it is a transition: a
-    /// retry of a write that already committed (its first answer was lost) gets the committed
-    /// record, so the client learns its write took effect. `None` for any other command (the
-    /// refusal stands).
-    pub fn retry_answer(&self, cmd: &AuthorityCommand) -> Option<Vec<SignedLifecycle>> {
-        let AuthorityCommand::Transition { key, instance, .. } = cmd else {
-            return None;
-        };
+    /// The answer to a transition of `target` (see [`AuthorityCommand::transition_target`])
+    /// refused with [`Refusal::AlreadyInState`]: a retry of a write that already committed (its
+    /// first answer was lost) gets the committed record, so the client learns its write took
+    /// effect. For any other command the refusal stands (`target` is `None`).
+    pub fn retry_answer(
+        &self,
+        target: Option<&(ServiceKey, InstanceId)>,
+    ) -> Option<Vec<SignedLifecycle>> {
+        let (key, instance) = target?;
         Some(
             self.binding(key, instance)
                 .map(|b| vec![b.current().clone()])

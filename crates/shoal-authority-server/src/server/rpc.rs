@@ -201,7 +201,7 @@ impl Replica {
         {
             return Err(AuthorityError::NoQuorum);
         }
-        let retry_of = cmd.clone();
+        let retry_of = cmd.transition_target();
         let proposal = Proposal {
             cmd,
             proposed_at_ms: wall_ms(),
@@ -218,7 +218,7 @@ impl Replica {
                 Err(refusal @ Refusal::AlreadyInState(_)) => {
                     counter!("shoal_authority_refusals_total", "code" => refusal.code())
                         .increment(1);
-                    match self.sm.with_state(|s| s.retry_answer(&retry_of)) {
+                    match self.sm.with_state(|s| s.retry_answer(retry_of.as_ref())) {
                         Some(records) => Ok(records),
                         None => Err(AuthorityError::Refused {
                             code: refusal.code().to_string(),
