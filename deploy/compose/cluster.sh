@@ -150,9 +150,7 @@ for r in $(seq 1 "$REGIONS"); do
 id = $i
 region = "$region"
 data_dir = "/var/lib/shoal/data"
-ca = "/etc/shoal/$region-ca.pem"
-cert = "/etc/shoal/$region-node-$name.pem"
-key = "/etc/shoal/$region-node-$name-key.pem"
+tls = { ca = "/etc/shoal/$region-ca.pem", cert = "/etc/shoal/$region-node-$name.pem", key = "/etc/shoal/$region-node-$name-key.pem" }
 signing_key = "/etc/shoal/region.key"
 mesh_addr = "$ip:7102"
 mesh_seeds = [$(IFS=,; echo "${agent_addrs[*]}")]

@@ -125,16 +125,14 @@ for r in $(seq 1 "$REGIONS"); do
       "$SHOAL" certs node --node-id "$gw" --region "r$o" --out "$OD" >/dev/null
       oaddrs=$(for k in $(seq 1 "$AUTHORITIES"); do printf '"%s:7100",' "$onet.$((100 + k))"; done)
       remotes+=$'[[failover.remote_regions]]\n'"region = \"r$o\""$'\n'"addresses = [${oaddrs%,}]"$'\n'
-      remotes+="ca = \"$OD/r$o-ca.pem\""$'\n'"cert = \"$OD/r$o-node-$gw.pem\""$'\n'"key = \"$OD/r$o-node-$gw-key.pem\""$'\n'
+      remotes+="tls = { ca = \"$OD/r$o-ca.pem\", cert = \"$OD/r$o-node-$gw.pem\", key = \"$OD/r$o-node-$gw-key.pem\" }"$'\n'
       remotes+="listen = \"$ip:0\""$'\n\n'
     done
     cat > "$D/$name.toml" <<CONF
 id = $i
 region = "$region"
 data_dir = "$D/data-$name"
-ca = "$D/$region-ca.pem"
-cert = "$D/$region-node-$name.pem"
-key = "$D/$region-node-$name-key.pem"
+tls = { ca = "$D/$region-ca.pem", cert = "$D/$region-node-$name.pem", key = "$D/$region-node-$name-key.pem" }
 signing_key = "$D/region.key"
 metrics_addr = "$ip:9464"
 mesh_addr = "$ip:7102"

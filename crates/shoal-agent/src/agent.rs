@@ -27,7 +27,7 @@ use shoal_proto::rpc::AuthorityRequestBody;
 use shoal_proto::{
     Generation, HealthStatus, InstanceId, LifecycleState, ServiceKey, TransitionReason,
 };
-use shoal_transport::tls::{self, TlsPaths, TlsState};
+use shoal_transport::tls::{self, TlsState};
 use shoal_transport::transport::{Transport, TransportConfig};
 use tokio::sync::{mpsc, watch};
 
@@ -73,11 +73,7 @@ pub async fn run_until(
     let node_key = keys::load_or_create_node_key(&raw.data_dir).context("node key")?;
     let boot = keys::bump_boot(&raw.data_dir).context("boot counter")?;
 
-    let tls_paths = TlsPaths {
-        ca: raw.tls.ca.clone(),
-        cert: raw.tls.cert.clone(),
-        key: raw.tls.key.clone(),
-    };
+    let tls_paths = raw.tls.paths();
     let tls = TlsState::from_files(&cfg.region, &tls_paths).context("TLS material")?;
     let mut tc = TransportConfig::with_tls(raw.listen, tls.clone());
     tc.advertise = raw.advertise;
@@ -162,9 +158,8 @@ pub async fn run_until(
     metrics::gauge!("shoal_api_connection_cap", "scope" => "per_uid").set(max_per_uid as f64);
     let owners = crate::access::Owners::load(&raw.data_dir);
     let local_probes = crate::local_probes::LocalProbes::load(&raw.data_dir);
-    let policy_keys = crate::failover::parse_policy_keys(&raw.failover.policy_keys)
-        .map_err(|e| anyhow::anyhow!(e))?;
-    let failover = crate::failover::Failover::new(cfg.region.clone(), policy_keys, &raw.data_dir);
+    let failover =
+        crate::failover::Failover::new(cfg.region.clone(), cfg.policy_keys.clone(), &raw.data_dir);
     let (driver_tx, driver_rx) = mpsc::channel(4096);
     let shared = Arc::new(Shared {
         node_key_hex: keys::to_hex(&node_key.verifying_key().to_bytes()),

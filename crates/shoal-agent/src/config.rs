@@ -73,7 +73,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use shoal_mesh::MeshConfig;
-use shoal_proto::{NodeId, Region, VerifyingKey, Zone};
+use shoal_proto::{NodeId, Region, TrustedKeys, VerifyingKey, Zone};
+use shoal_runtime::config::{parse_public_key, parse_public_keys};
 
 use crate::probes::ProbeSpec;
 
@@ -149,7 +150,7 @@ pub struct AgentConfig {
     #[serde(default = "default_cluster_size")]
     pub cluster_size: usize,
     /// Certificates.
-    pub tls: TlsConfig,
+    pub tls: shoal_runtime::config::TlsSection,
     /// Trusted keys.
     #[serde(default)]
     pub trust: TrustConfig,
@@ -196,18 +197,6 @@ fn default_socket() -> PathBuf {
 }
 fn default_cluster_size() -> usize {
     64
-}
-
-/// `[tls]`: PEM files (paths relative to the config file's directory).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TlsConfig {
-    /// Region CA certificate.
-    pub ca: PathBuf,
-    /// This node's certificate.
-    pub cert: PathBuf,
-    /// This node's private key.
-    pub key: PathBuf,
 }
 
 /// `[trust]`: keys whose signatures this agent accepts.
@@ -561,6 +550,8 @@ pub struct Validated {
     pub zone: Zone,
     /// Trusted authority keys.
     pub authority_keys: Vec<VerifyingKey>,
+    /// Trusted global policy keys (`[failover] policy_keys`).
+    pub policy_keys: TrustedKeys,
     /// Mesh tuning after overrides.
     pub mesh: MeshConfig,
     /// The compiled `[access]` policy (names resolved at start).
@@ -590,11 +581,7 @@ pub fn load(path: &Path, overrides: Overrides) -> Result<Validated, ConfigError>
         message: e.to_string(),
     })?;
     let base = path.parent().unwrap_or(Path::new("."));
-    for p in [&mut raw.tls.ca, &mut raw.tls.cert, &mut raw.tls.key] {
-        if p.is_relative() {
-            *p = base.join(&*p);
-        }
-    }
+    raw.tls.resolve(base);
     if raw.data_dir.is_relative() {
         raw.data_dir = base.join(&raw.data_dir);
     }
@@ -630,18 +617,6 @@ fn apply_overrides(raw: &mut AgentConfig, o: Overrides) {
     if o.dev_authority {
         raw.authority.dev = true;
     }
-}
-
-/// Parses a 32-byte hex public key.
-///
-/// # Errors
-/// A message when the hex or the key is invalid.
-pub fn parse_key_hex(s: &str) -> Result<VerifyingKey, String> {
-    let bytes = crate::keys::from_hex(s.trim()).ok_or_else(|| "not hex".to_owned())?;
-    let arr: [u8; 32] = bytes
-        .try_into()
-        .map_err(|_| "must be 32 bytes (64 hex characters)".to_owned())?;
-    VerifyingKey::from_bytes(arr).map_err(|e| e.to_string())
 }
 
 /// Validates a parsed configuration.
@@ -718,8 +693,11 @@ pub fn validate(raw: AgentConfig) -> Result<Validated, ConfigError> {
             .map_err(|e| invalid("access.grants", e))?;
     let mut authority_keys = Vec::new();
     for k in &raw.trust.authority_keys {
-        authority_keys.push(parse_key_hex(k).map_err(|e| invalid("trust.authority_keys", e))?);
+        authority_keys
+            .push(parse_public_key(k).map_err(|e| invalid("trust.authority_keys", e.to_string()))?);
     }
+    let policy_keys = parse_public_keys(&raw.failover.policy_keys)
+        .map_err(|e| invalid("failover.policy_keys", e.to_string()))?;
     if raw.trust.node_keys.is_some() {
         return Err(invalid("trust.node_keys", NODE_KEYS_REMOVED));
     }
@@ -769,6 +747,7 @@ pub fn validate(raw: AgentConfig) -> Result<Validated, ConfigError> {
         region,
         zone,
         authority_keys,
+        policy_keys,
         mesh,
         access,
         agent_uid,

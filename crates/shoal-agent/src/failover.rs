@@ -27,9 +27,7 @@ use serde_json::{json, Value};
 use shoal_catalog::failover::FailoverState;
 use shoal_proto::rpc::{AuthorityOk, AuthorityRequestBody};
 use shoal_proto::summary::SummaryEndpoint;
-use shoal_proto::{
-    FailoverMode, Region, ServiceKey, SignedGlobalPolicy, StaleAction, TrustedKeys, VerifyingKey,
-};
+use shoal_proto::{FailoverMode, Region, ServiceKey, SignedGlobalPolicy, StaleAction, TrustedKeys};
 
 use crate::state::Shared;
 
@@ -60,24 +58,6 @@ impl Default for FailoverConfig {
 
 fn d_pull_ms() -> u64 {
     1_000
-}
-
-/// Parses hex keys.
-///
-/// # Errors
-/// A key that is not 64 hex chars of a valid ed25519 point.
-pub fn parse_policy_keys(keys: &[String]) -> Result<TrustedKeys, String> {
-    let mut out = TrustedKeys::new();
-    for k in keys {
-        let bytes: [u8; 32] = crate::keys::from_hex(k)
-            .and_then(|b| b.try_into().ok())
-            .ok_or_else(|| format!("[failover] policy_keys: {k:?} is not 64 hex chars"))?;
-        out.insert(
-            VerifyingKey::from_bytes(bytes)
-                .map_err(|e| format!("[failover] policy_keys: {k:?}: {e}"))?,
-        );
-    }
-    Ok(out)
 }
 
 pub use shoal_catalog::failover::{

@@ -17,33 +17,7 @@ pub const NODE_KEY_FILE: &str = "node.key";
 /// File name of the boot generation counter (decimal).
 pub const BOOT_FILE: &str = "boot";
 
-/// Lower-case hex of `bytes`.
-pub fn to_hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(DIGITS[usize::from(b >> 4)] as char);
-        s.push(DIGITS[usize::from(b & 15)] as char);
-    }
-    s
-}
-
-/// Parses hex (either case); `None` on odd length or a non-hex digit.
-pub fn from_hex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    let digit = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        b'A'..=b'F' => Some(c - b'A' + 10),
-        _ => None,
-    };
-    s.as_bytes()
-        .chunks(2)
-        .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
-        .collect()
-}
+pub use shoal_runtime::config::{from_hex, to_hex};
 
 /// Writes `bytes` to `path` atomically: temp file (created with `mode`), fsync, rename, fsync
 /// of the directory. A reader sees the old or the new content, never a mix.
@@ -113,14 +87,6 @@ mod tests {
     use std::fs;
 
     use super::*;
-
-    #[test]
-    fn hex_round_trips_and_rejects_junk() {
-        assert_eq!(to_hex(&[0, 0xab, 0xff]), "00abff");
-        assert_eq!(from_hex("00ABff").unwrap(), vec![0, 0xab, 0xff]);
-        assert!(from_hex("abc").is_none());
-        assert!(from_hex("zz").is_none());
-    }
 
     #[test]
     fn an_open_node_key_is_refused_and_the_dir_is_0700() {

@@ -205,7 +205,8 @@ mod tests {
                 i as u64 + 1,
                 shoal_proto::LifecycleState::Ready,
             );
-            c.apply_lifecycle(Arc::new(rec), &fx.keyring);
+            let merged = c.apply_lifecycle(Arc::new(rec), &fx.keyring);
+            assert_eq!(merged, shoal_catalog::MergeOutcome::Applied);
         }
         snapshot::encode(&Snapshot::of(&c, SnapshotScope::Catalog, fx.region.clone()))
     }

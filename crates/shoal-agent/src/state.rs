@@ -561,7 +561,8 @@ mod tests {
 
         // The catalog holds it: kept. The catalog lost it: dropped.
         let mut catalog = Catalog::new();
-        catalog.apply_lifecycle(Arc::new(draining), &fx.keyring);
+        let merged = catalog.apply_lifecycle(Arc::new(draining), &fx.keyring);
+        assert_eq!(merged, shoal_catalog::MergeOutcome::Applied);
         times.retain_held(&catalog);
         assert_eq!(times.len(), 1);
         times.retain_held(&Catalog::new());

@@ -61,8 +61,8 @@ async fn main() -> anyhow::Result<()> {
         std::fs::write(root.join(format!("{i}.pem")), &pair.cert_pem)?;
         std::fs::write(root.join(format!("{i}.key")), &pair.key_pem)?;
         let text = format!(
-            "id = {i}\nregion = \"bench-1\"\ndata_dir = \"{d}/data-{i}\"\nca = \"{d}/ca.pem\"\ncert = \"{d}/{i}.pem\"\n\
-             key = \"{d}/{i}.key\"\nsigning_key = \"{d}/region.key\"\n\n{members}",
+            "id = {i}\nregion = \"bench-1\"\ndata_dir = \"{d}/data-{i}\"\ntls = {{ ca = \"{d}/ca.pem\", cert = \"{d}/{i}.pem\", \
+             key = \"{d}/{i}.key\" }}\nsigning_key = \"{d}/region.key\"\n\n{members}",
             d = root.display()
         );
         let cfg: AuthorityConfig = toml::from_str(&text)?;

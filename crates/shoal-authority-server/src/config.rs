@@ -3,16 +3,18 @@
 //! ```toml
 //! id = 1                                  # this replica's Raft id (one of members[].id)
 //! region = "eu-west"
-//! data_dir = "/var/lib/shoal/authority"
-//! ca = "/etc/shoal/ca.pem"                # region CA
-//! cert = "/etc/shoal/auth-1.pem"          # this replica's node certificate (node id = members[].node)
-//! key = "/etc/shoal/auth-1.key"
+//! data_dir = "/var/lib/shoal/authority"  # relative paths: relative to this file's directory
 //! signing_key = "/etc/shoal/region.key"   # 64 hex chars: the region's ed25519 seed (same on every replica)
 //! metrics_addr = "127.0.0.1:9465"         # optional Prometheus text endpoint (loopback)
 //! operators = ["ops-alice"]               # node ids treated as operators, besides "operator-*"
 //! mesh_addr = "10.0.0.1:7102"             # embedded mesh member (optional; none: no member;
 //!                                         # $SHOAL_MESH_ADDR overrides it, e.g. with a pod IP)
 //! mesh_seeds = ["10.0.0.20:7946"]         # agent addresses to join through
+//!
+//! [tls]                                   # the same section as the agent's
+//! ca = "/etc/shoal/ca.pem"                # region CA
+//! cert = "/etc/shoal/auth-1.pem"          # this replica's node certificate (node id = members[].node)
+//! key = "/etc/shoal/auth-1.key"
 //!
 //! [mesh]                                  # optional SWIM knobs; match the agents' [membership]
 //! cluster_size = 1667
@@ -35,6 +37,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use serde::Deserialize;
 use shoal_proto::{Region, SigningKey, Zone};
+use shoal_runtime::config::TlsSection;
 
 use crate::types::{Member, RaftId};
 
@@ -99,12 +102,8 @@ pub struct AuthorityConfig {
     pub region: Region,
     /// Data directory (log, vote, snapshot, audit log).
     pub data_dir: PathBuf,
-    /// Region CA PEM path.
-    pub ca: PathBuf,
-    /// Node certificate PEM path.
-    pub cert: PathBuf,
-    /// Node key PEM path.
-    pub key: PathBuf,
+    /// `[tls]`: region CA, this replica's node certificate and key (the agent's section).
+    pub tls: TlsSection,
     /// Path of the region signing key seed (64 hex chars).
     pub signing_key: PathBuf,
     /// Loopback address for the Prometheus text endpoint; none by default.
@@ -296,11 +295,37 @@ impl AuthorityConfig {
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let mut cfg: Self =
-            toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        let mut cfg = Self::parse(&text).with_context(|| format!("parsing {}", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        cfg.tls.resolve(base);
+        for p in [&mut cfg.data_dir, &mut cfg.signing_key] {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        }
         cfg.override_mesh_addr(std::env::var("SHOAL_MESH_ADDR").ok().as_deref())?;
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// Parses the TOML text (no validation, paths as written). A file from before the `[tls]`
+    /// section (top-level `ca`, `cert`, `key`) is refused with a hint saying where they moved.
+    ///
+    /// # Errors
+    /// Bad TOML, an unknown or missing field.
+    pub fn parse(text: &str) -> anyhow::Result<Self> {
+        toml::from_str(text).map_err(|e| {
+            let moved = ["`ca`", "`cert`", "`key`"]
+                .iter()
+                .any(|f| e.message().contains(&format!("unknown field {f}")));
+            if moved {
+                anyhow::anyhow!(
+                    "{e}\nhint: `ca`, `cert` and `key` now go in a [tls] section, as in agent.toml"
+                )
+            } else {
+                anyhow::Error::new(e)
+            }
+        })
     }
 
     /// `SHOAL_MESH_ADDR` (`ip:port`, read by [`AuthorityConfig::load`]) replaces `mesh_addr`:
@@ -433,21 +458,7 @@ pub fn read_signing_key(path: &Path) -> anyhow::Result<SigningKey> {
     Ok(SigningKey::from_seed(seed))
 }
 
-/// Lower-case hex.
-pub fn to_hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Parses hex; `None` on odd length or a non-hex digit.
-pub fn from_hex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect()
-}
+pub use shoal_runtime::config::{from_hex, to_hex};
 
 #[cfg(test)]
 mod tests {
@@ -457,10 +468,11 @@ mod tests {
 id = 1
 region = "eu-west"
 data_dir = "/tmp/x"
+signing_key = "s.key"
+[tls]
 ca = "ca.pem"
 cert = "c.pem"
 key = "k.pem"
-signing_key = "s.key"
 
 [[members]]
 id = 1
@@ -482,6 +494,35 @@ rpc_addr = "127.0.0.1:7100"
         assert!(err.contains("node_keys"), "{err}");
         assert!(err.contains("0006-node-keys-in-lifecycle-records"), "{err}");
         assert!(cfg.mesh_settings_parts().is_err());
+    }
+
+    #[test]
+    fn tls_files_outside_the_tls_section_are_refused_with_a_hint() {
+        let ok = AuthorityConfig::parse(BASE).unwrap();
+        assert_eq!(ok.tls.cert, PathBuf::from("c.pem"));
+        // The same three lines at the top level, as files before the section had them.
+        let old = BASE.replace("[tls]\n", "");
+        let err = AuthorityConfig::parse(&old).unwrap_err().to_string();
+        assert!(err.contains("unknown field `ca`"), "{err}");
+        assert!(err.contains("[tls] section"), "{err}");
+        let other = BASE.replace("id = 1\nregion", "id = 1\ncolour = \"red\"\nregion");
+        let err = AuthorityConfig::parse(&other).unwrap_err().to_string();
+        assert!(err.contains("colour") && !err.contains("hint"), "{err}");
+    }
+
+    #[test]
+    fn relative_paths_are_relative_to_the_config_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("authority.toml");
+        std::fs::write(
+            &path,
+            BASE.replace("data_dir = \"/tmp/x\"", "data_dir = \"data\""),
+        )
+        .unwrap();
+        let cfg = AuthorityConfig::load(&path).unwrap();
+        assert_eq!(cfg.tls.ca, dir.path().join("ca.pem"));
+        assert_eq!(cfg.signing_key, dir.path().join("s.key"));
+        assert_eq!(cfg.data_dir, dir.path().join("data"));
     }
 
     #[test]
@@ -515,10 +556,11 @@ rpc_addr = "127.0.0.1:7100"
 id = 1
 region = "dev"
 data_dir = "/tmp/x"
+signing_key = "s.key"
+[tls]
 ca = "ca.pem"
 cert = "c.pem"
 key = "k.pem"
-signing_key = "s.key"
 [[members]]
 id = 1
 node = "auth-0"

@@ -251,7 +251,7 @@ pub async fn run(cmd: PolicyCmd) -> anyhow::Result<()> {
         }
         PolicyCmd::Verify { file, policy_key } => {
             let signed = read_signed(&file)?;
-            let keys = crate::regions::parse_keys(&[policy_key])?;
+            let keys = shoal_runtime::config::parse_public_keys(&[policy_key])?;
             signed.verify(&keys).map_err(|e| anyhow::anyhow!(e))?;
             println!("{}", document_json(&signed));
         }

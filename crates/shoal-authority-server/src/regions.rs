@@ -26,12 +26,10 @@ use serde::Deserialize;
 use shoal_catalog::remote::RemoteSummaries;
 use shoal_proto::rpc::{AuthorityError, AuthorityOk, AuthorityRequestBody};
 use shoal_proto::summary::MAX_SUMMARIES_PER_REPLY;
-use shoal_proto::{
-    Region, SignedGlobalPolicy, SignedSummary, SigningKey, TrustedKeys, VerifyingKey,
-};
+use shoal_proto::{Region, SignedGlobalPolicy, SignedSummary, SigningKey, TrustedKeys};
+use shoal_runtime::config::{parse_public_keys, TlsSection};
 
 use crate::client::AuthorityClient;
-use crate::config::from_hex;
 use crate::member::MemberHandle;
 use crate::server::wall_ms;
 use crate::storage::StateMachineStore;
@@ -83,12 +81,9 @@ pub struct RemoteRegion {
     pub region: Region,
     /// Its authority replicas' RPC addresses (`ip:port`).
     pub addresses: Vec<SocketAddr>,
-    /// The remote region's CA PEM.
-    pub ca: PathBuf,
-    /// Gateway certificate issued by that CA.
-    pub cert: PathBuf,
-    /// Its key.
-    pub key: PathBuf,
+    /// `tls = { ca, cert, key }`: the remote region's CA, and the gateway certificate that CA
+    /// issued to this replica with its key (the shape of the `[tls]` section).
+    pub tls: TlsSection,
     /// Local address the gateway transport binds (`ip:0` picks a port).
     pub listen: SocketAddr,
 }
@@ -103,24 +98,6 @@ pub fn gateway_may(node_id: &str, body: &AuthorityRequestBody) -> bool {
                 | AuthorityRequestBody::GetGlobalPolicy
                 | AuthorityRequestBody::Status
         )
-}
-
-/// Parses hex public keys into a trusted set.
-///
-/// # Errors
-/// A key that is not 64 hex chars of a valid ed25519 point.
-pub fn parse_keys(keys: &[String]) -> anyhow::Result<TrustedKeys> {
-    let mut out = TrustedKeys::new();
-    for k in keys {
-        let bytes: [u8; 32] = from_hex(k)
-            .and_then(|b| b.try_into().ok())
-            .with_context(|| format!("policy key {k:?}: expected 64 hex chars"))?;
-        out.insert(
-            VerifyingKey::from_bytes(bytes)
-                .map_err(|e| anyhow::anyhow!("policy key {k:?}: {e}"))?,
-        );
-    }
-    Ok(out)
 }
 
 /// A replica's cross-region state.
@@ -155,7 +132,7 @@ impl Regions {
         sm: StateMachineStore,
         member: Option<MemberHandle>,
     ) -> anyhow::Result<Self> {
-        let policy_keys = parse_keys(&cfg.policy_keys).context("[failover] policy_keys")?;
+        let policy_keys = parse_public_keys(&cfg.policy_keys).context("[failover] policy_keys")?;
         Ok(Self {
             held: Mutex::new(RemoteSummaries::new(region.clone())),
             region,
@@ -360,5 +337,6 @@ fn connect(r: &RemoteRegion) -> anyhow::Result<AuthorityClient> {
     let read = |p: &PathBuf| {
         std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
     };
-    AuthorityClient::connect(r.listen, &read(&r.ca)?, &read(&r.cert)?, &read(&r.key)?)
+    let t = &r.tls;
+    AuthorityClient::connect(r.listen, &read(&t.ca)?, &read(&t.cert)?, &read(&t.key)?)
 }

@@ -46,7 +46,7 @@ use openraft::SnapshotPolicy;
 use shoal_proto::envelope::MAX_STREAM_MESSAGE_BYTES;
 use shoal_proto::rpc::{AuthorityError, AuthorityRequestBody, AuthorityStatus};
 use shoal_proto::{NodeId, Revision};
-use shoal_transport::tls::{self, TlsPaths, TlsState};
+use shoal_transport::tls::{self, TlsState};
 use shoal_transport::transport::{Transport, TransportConfig};
 use tokio::sync::{mpsc, Semaphore};
 
@@ -134,11 +134,7 @@ impl Replica {
     /// that cannot be bound, or openraft refusing the configuration.
     pub async fn start(cfg: AuthorityConfig) -> anyhow::Result<Arc<Self>> {
         cfg.validate()?;
-        let tls_paths = TlsPaths {
-            ca: cfg.ca.clone(),
-            cert: cfg.cert.clone(),
-            key: cfg.key.clone(),
-        };
+        let tls_paths = cfg.tls.paths();
         let tls = TlsState::from_files(&cfg.region, &tls_paths).context("TLS material")?;
         let signing_key = cfg.load_signing_key()?;
         let lock = storage::lock_data_dir(&cfg.data_dir).context("locking the data directory")?;

@@ -105,7 +105,7 @@ impl Cluster {
             std::fs::write(
                 &config,
                 format!(
-                    "id = {id}\nregion = \"test-1\"\ndata_dir = \"{}\"\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
+                    "id = {id}\nregion = \"test-1\"\ndata_dir = \"{}\"\ntls = {{ ca = \"{}\", cert = \"{}\", key = \"{}\" }}\n\
                      signing_key = \"{}\"\nheartbeat_ms = 100\nelection_timeout_ms = 500\nwrite_timeout_ms = 2000\n\
                      quorum_stale_ms = 1000\nsnapshot_every_logs = {snapshot_every}\nkeep_logs_after_snapshot = 5\n\n{members}",
                     dir.join("data").display(),

@@ -12,6 +12,7 @@
 #[path = "common/mod.rs"]
 mod common;
 
+use std::hint::black_box;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -56,7 +57,8 @@ fn data() -> &'static Data {
         let encoded = [REGION, GLOBAL].map(|n| {
             let mut c = Catalog::new();
             for r in &records[..n] {
-                c.apply_lifecycle(r.clone(), &NoopVerifier);
+                let merged = c.apply_lifecycle(r.clone(), &NoopVerifier);
+                assert_eq!(merged, shoal_catalog::MergeOutcome::Applied);
             }
             let snap = Snapshot::of(&c, SnapshotScope::Catalog, fx.region.clone());
             let bytes = snapshot::encode(&snap);
@@ -111,7 +113,7 @@ fn merge(c: &mut Criterion) {
             Catalog::new,
             |mut cat| {
                 for r in records {
-                    cat.apply_lifecycle(r.clone(), &d.fx.keyring);
+                    let _ = black_box(cat.apply_lifecycle(r.clone(), &d.fx.keyring));
                 }
                 cat
             },
@@ -123,7 +125,7 @@ fn merge(c: &mut Criterion) {
             Catalog::new,
             |mut cat| {
                 for r in records {
-                    cat.apply_lifecycle(r.clone(), &NoopVerifier);
+                    let _ = black_box(cat.apply_lifecycle(r.clone(), &NoopVerifier));
                 }
                 cat
             },

@@ -29,7 +29,8 @@ fn main() {
         let bytes = {
             let mut c = Catalog::new();
             for r in &records[..n] {
-                c.apply_lifecycle(r.clone(), &fx.keyring);
+                let merged = c.apply_lifecycle(r.clone(), &fx.keyring);
+                assert_eq!(merged, shoal_catalog::MergeOutcome::Applied);
             }
             snapshot::encode(&Snapshot::of(&c, SnapshotScope::Catalog, fx.region.clone()))
         };

@@ -85,7 +85,10 @@ fn health_signed_by_the_bound_key_verifies_without_any_configured_node_key() {
     let fx = Fixture::new(); // its keyring trusts the authority key only
     let node0 = fx.nodes[0].1.clone();
     let mut c = Catalog::new();
-    c.apply_lifecycle(ready(&fx, "a", 1, 1, &node0), &fx.keyring);
+    assert_eq!(
+        c.apply_lifecycle(ready(&fx, "a", 1, 1, &node0), &fx.keyring),
+        MergeOutcome::Applied
+    );
     assert_eq!(routable(&c, &fx), ["a"]);
 
     let out = c.apply_health(failing(&fx, &node0, "a", 1, 1), &fx.keyring);
@@ -99,11 +102,17 @@ fn health_signed_by_another_nodes_key_never_verifies() {
     let fx = Fixture::new();
     let (node0, node1) = (fx.nodes[0].1.clone(), fx.nodes[1].1.clone());
     let mut c = Catalog::new();
-    c.apply_lifecycle(ready(&fx, "a", 1, 1, &node0), &fx.keyring);
+    assert_eq!(
+        c.apply_lifecycle(ready(&fx, "a", 1, 1, &node0), &fx.keyring),
+        MergeOutcome::Applied
+    );
     // node-1's key is bound too (it owns "z"), so it is a known key, just not node-0's.
-    c.apply_lifecycle(
-        Arc::new(fx.lifecycle_for(&fx.key, "z", 1, 2, 2, Ready)),
-        &fx.keyring,
+    assert_eq!(
+        c.apply_lifecycle(
+            Arc::new(fx.lifecycle_for(&fx.key, "z", 1, 2, 2, Ready)),
+            &fx.keyring,
+        ),
+        MergeOutcome::Applied
     );
 
     // Claims node-0 as owner, signed by node-1.
@@ -130,7 +139,10 @@ fn health_signed_by_a_replaced_key_stops_verifying_once_the_reissue_arrives() {
     let old = fx.nodes[0].1.clone();
     let new = SigningKey::from_seed([42; 32]);
     let mut c = Catalog::new();
-    c.apply_lifecycle(ready(&fx, "a", 1, 1, &old), &fx.keyring);
+    assert_eq!(
+        c.apply_lifecycle(ready(&fx, "a", 1, 1, &old), &fx.keyring),
+        MergeOutcome::Applied
+    );
     assert_eq!(
         c.apply_health(failing(&fx, &old, "a", 1, 1), &fx.keyring),
         MergeOutcome::Applied
@@ -168,12 +180,21 @@ fn health_of_a_new_key_waits_for_the_reissue_of_its_instance() {
     let old = fx.nodes[0].1.clone();
     let new = SigningKey::from_seed([42; 32]);
     let mut c = Catalog::new();
-    c.apply_lifecycle(ready(&fx, "a", 1, 1, &old), &fx.keyring);
-    c.apply_lifecycle(ready(&fx, "b", 2, 2, &old), &fx.keyring);
+    assert_eq!(
+        c.apply_lifecycle(ready(&fx, "a", 1, 1, &old), &fx.keyring),
+        MergeOutcome::Applied
+    );
+    assert_eq!(
+        c.apply_lifecycle(ready(&fx, "b", 2, 2, &old), &fx.keyring),
+        MergeOutcome::Applied
+    );
     // The re-issue of "b" arrived first, so the new key is known; "a"'s is still on its way.
-    c.apply_lifecycle(
-        ready_because(&fx, "b", 2, 3, &new, TransitionReason::NodeKeyChanged),
-        &fx.keyring,
+    assert_eq!(
+        c.apply_lifecycle(
+            ready_because(&fx, "b", 2, 3, &new, TransitionReason::NodeKeyChanged),
+            &fx.keyring,
+        ),
+        MergeOutcome::Applied
     );
 
     let out = c.apply_health(failing(&fx, &new, "a", 1, 1), &fx.keyring);
@@ -184,9 +205,12 @@ fn health_of_a_new_key_waits_for_the_reissue_of_its_instance() {
     );
     assert_eq!(routable(&c, &fx), ["a", "b"]);
 
-    c.apply_lifecycle(
-        ready_because(&fx, "a", 1, 4, &new, TransitionReason::NodeKeyChanged),
-        &fx.keyring,
+    assert_eq!(
+        c.apply_lifecycle(
+            ready_because(&fx, "a", 1, 4, &new, TransitionReason::NodeKeyChanged),
+            &fx.keyring,
+        ),
+        MergeOutcome::Applied
     );
     assert_eq!(routable(&c, &fx), ["b"], "applied from the hold");
 }
@@ -196,9 +220,18 @@ fn nothing_a_revoked_node_signed_verifies() {
     let fx = Fixture::new();
     let node0 = fx.nodes[0].1.clone();
     let mut c = Catalog::new();
-    c.apply_lifecycle(ready(&fx, "a", 1, 1, &node0), &fx.keyring);
-    c.apply_lifecycle(ready(&fx, "b", 2, 2, &node0), &fx.keyring);
-    c.apply_health(failing(&fx, &node0, "a", 1, 1), &fx.keyring);
+    assert_eq!(
+        c.apply_lifecycle(ready(&fx, "a", 1, 1, &node0), &fx.keyring),
+        MergeOutcome::Applied
+    );
+    assert_eq!(
+        c.apply_lifecycle(ready(&fx, "b", 2, 2, &node0), &fx.keyring),
+        MergeOutcome::Applied
+    );
+    assert_eq!(
+        c.apply_health(failing(&fx, &node0, "a", 1, 1), &fx.keyring),
+        MergeOutcome::Applied
+    );
 
     // The operator revoked node-0: the authority expired its instances; "a"'s EXPIRED
     // arrived here, "b"'s not yet.
@@ -219,13 +252,26 @@ fn nothing_a_revoked_node_signed_verifies() {
 
     // And in the other order: the revocation arrives after health was held early.
     let mut d = Catalog::new();
-    d.apply_lifecycle(ready(&fx, "b", 2, 2, &node0), &fx.keyring);
-    d.apply_health(
-        Arc::new(fx.health_signed_by(&node0, "a", 0, 1, 1, 1, Passing)),
-        &fx.keyring,
+    assert_eq!(
+        d.apply_lifecycle(ready(&fx, "b", 2, 2, &node0), &fx.keyring),
+        MergeOutcome::Applied
     );
-    d.apply_lifecycle(revoked(&fx, "b", 2, 3), &fx.keyring);
-    d.apply_lifecycle(ready(&fx, "a", 1, 1, &node0), &fx.keyring);
+    assert_eq!(
+        d.apply_health(
+            Arc::new(fx.health_signed_by(&node0, "a", 0, 1, 1, 1, Passing)),
+            &fx.keyring,
+        ),
+        MergeOutcome::Unadmitted,
+        "health before its instance is admitted is held early"
+    );
+    assert_eq!(
+        d.apply_lifecycle(revoked(&fx, "b", 2, 3), &fx.keyring),
+        MergeOutcome::Applied
+    );
+    assert_eq!(
+        d.apply_lifecycle(ready(&fx, "a", 1, 1, &node0), &fx.keyring),
+        MergeOutcome::Applied
+    );
     assert_eq!(
         held_health(&d, &fx, "a"),
         None,

@@ -166,7 +166,10 @@ fn install_replaces_the_scope_and_keeps_newer_local_records() {
         fx.lifecycle("gone", 5, 5, Starting),
         fx.lifecycle("c", 9, 9, Ready),
     ] {
-        local.apply_lifecycle(Arc::new(r), &fx.keyring);
+        assert_eq!(
+            local.apply_lifecycle(Arc::new(r), &fx.keyring),
+            shoal_catalog::MergeOutcome::Applied
+        );
     }
     let billing_before = local.service(&other_key()).cloned();
 
@@ -214,7 +217,10 @@ fn a_refused_snapshot_leaves_the_catalog_untouched() {
     let last = bytes.len() - 1;
     bytes[last] ^= 0x01;
     let mut local = Catalog::new();
-    local.apply_lifecycle(Arc::new(fx.lifecycle("z", 1, 1, Ready)), &fx.keyring);
+    assert_eq!(
+        local.apply_lifecycle(Arc::new(fx.lifecycle("z", 1, 1, Ready)), &fx.keyring),
+        shoal_catalog::MergeOutcome::Applied
+    );
     let before = local.clone();
 
     // The agent's load path: decode (and verify) fully, then install. Decode failed, so
@@ -282,7 +288,10 @@ fn torn_write_over_an_older_snapshot_is_refused() {
     let fx = Fixture::new();
     let (_, new) = encoded(&fx);
     let mut old_catalog = Catalog::new();
-    old_catalog.apply_lifecycle(Arc::new(fx.lifecycle("a", 1, 1, Starting)), &fx.keyring);
+    assert_eq!(
+        old_catalog.apply_lifecycle(Arc::new(fx.lifecycle("a", 1, 1, Starting)), &fx.keyring),
+        shoal_catalog::MergeOutcome::Applied
+    );
     let old = snapshot::encode(&Snapshot::of(
         &old_catalog,
         SnapshotScope::Catalog,

@@ -72,7 +72,8 @@ fn build_snapshot(region: &Region) -> Vec<u8> {
             lease_ms: 300_000,
             committed_at_ms: 0,
         };
-        catalog.apply_lifecycle(Arc::new(key.sign_lifecycle(rec)), &keyring);
+        let merged = catalog.apply_lifecycle(Arc::new(key.sign_lifecycle(rec)), &keyring);
+        assert_eq!(merged, shoal_catalog::MergeOutcome::Applied);
     }
     snapshot::encode(&Snapshot::of(
         &catalog,

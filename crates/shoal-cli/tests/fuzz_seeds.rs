@@ -70,10 +70,12 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     });
     let mut catalog = Catalog::new();
     for r in &lc {
-        catalog.apply_lifecycle(Arc::new(r.clone()), &f.keyring);
+        let merged = catalog.apply_lifecycle(Arc::new(r.clone()), &f.keyring);
+        assert_eq!(merged, shoal_catalog::MergeOutcome::Applied);
     }
     for h in &hc {
-        catalog.apply_health(Arc::new(h.clone()), &f.keyring);
+        let merged = catalog.apply_health(Arc::new(h.clone()), &f.keyring);
+        assert_eq!(merged, shoal_catalog::MergeOutcome::Applied);
     }
     let snap = Snapshot::of(&catalog, SnapshotScope::Catalog, f.region.clone());
     let snap_bytes = snapshot::encode(&snap);

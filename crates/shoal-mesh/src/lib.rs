@@ -113,7 +113,7 @@
 //! assert!(view.endpoints[0].routable);
 //! ```
 
-mod hash;
+pub mod hash;
 pub mod membership;
 pub mod mesh;
 pub mod messages;

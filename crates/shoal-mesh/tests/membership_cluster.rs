@@ -1,70 +1,38 @@
-//! Cluster-level specification of `shoal_mesh::membership`, driven by a small deterministic
-//! in-memory network: a virtual clock, a binary heap of events keyed by `(time_ms, seq)`, seeded
-//! loss and latency. No wall clock anywhere: every bound below is computed from the config.
+//! Cluster-level specification of `shoal_mesh::membership`, driven on the crate's one
+//! deterministic in-memory network (`support::net`: a virtual clock, a binary heap of events
+//! keyed by `(time_ms, seq)`, seeded loss and latency). No wall clock anywhere: every bound
+//! below is computed from the config.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::ops::{Deref, DerefMut};
 
-use shoal_mesh::membership::{
-    MemberId, Membership, MembershipConfig, MembershipEvent, MembershipTimer,
-};
+use shoal_mesh::membership::{MemberId, Membership, MembershipConfig, MembershipEvent};
 use shoal_proto::{Generation, NodeId};
+use support::net::{Net, TestRng};
 
-/// splitmix64: the harness's own seeded randomness (loss, latency).
-struct TestRng(u64);
+/// One-way latency of every datagram, drawn uniformly per packet.
+const LATENCY_MS: (u64, u64) = (1, 5);
 
-impl TestRng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn chance(&mut self, p: f64) -> bool {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p
-    }
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next_u64() % (hi - lo + 1)
-    }
-}
-
-enum Ev {
-    Deliver {
-        to: usize,
-        from: SocketAddr,
-        bytes: Vec<u8>,
-    },
-    Timer {
-        node: usize,
-        life: u64,
-        token: MembershipTimer,
-    },
-}
-
-struct Slot {
-    m: Membership,
-    /// Which process lifetime of this slot a timer belongs to.
-    life: u64,
-    /// Dead: nothing is delivered to or from it, its timers are dropped.
-    dead: bool,
-}
-
-/// The harness. Faults: `kill`, `isolate` / `heal`, `restart`, seeded `loss`.
+/// SWIM members on the network. Faults: `kill`, `isolate` / `heal`, `restart`, seeded `loss`.
 struct Cluster {
-    now: u64,
-    seq: u64,
-    heap: BinaryHeap<Reverse<(u64, u64)>>,
-    pending: BTreeMap<u64, Ev>,
-    nodes: Vec<Slot>,
-    by_addr: BTreeMap<SocketAddr, usize>,
-    isolated: BTreeSet<usize>,
-    rng: TestRng,
-    loss: f64,
+    net: Net<Membership>,
     config: MembershipConfig,
-    /// (time_ms, observer, event)
-    log: Vec<(u64, usize, MembershipEvent)>,
+}
+
+impl Deref for Cluster {
+    type Target = Net<Membership>;
+    fn deref(&self) -> &Self::Target {
+        &self.net
+    }
+}
+
+impl DerefMut for Cluster {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.net
+    }
 }
 
 fn addr(i: usize) -> SocketAddr {
@@ -82,19 +50,9 @@ impl Cluster {
     /// `n` members, all joined through member 0, staggered by 10 ms.
     fn new(n: usize, seed: u64, loss: f64) -> Self {
         let config = MembershipConfig::for_cluster_size(n);
-        let mut c = Cluster {
-            now: 0,
-            seq: 0,
-            heap: BinaryHeap::new(),
-            pending: BTreeMap::new(),
-            nodes: Vec::new(),
-            by_addr: BTreeMap::new(),
-            isolated: BTreeSet::new(),
-            rng: TestRng(seed),
-            loss,
-            config: config.clone(),
-            log: Vec::new(),
-        };
+        let mut net = Net::new(seed, LATENCY_MS);
+        net.loss = loss;
+        net.max_datagram_bytes = config.max_packet_bytes;
         for i in 0..n {
             let id = MemberId {
                 node: node_id(i),
@@ -102,86 +60,14 @@ impl Cluster {
                 boot: Generation(1),
             };
             let m = Membership::new(id, config.clone(), seed.wrapping_add(i as u64));
-            c.by_addr.insert(addr(i), i);
-            c.nodes.push(Slot {
-                m,
-                life: 0,
-                dead: false,
-            });
+            net.add(addr(i), m);
         }
+        let mut c = Cluster { net, config };
         for i in 1..n {
             c.run_until(c.now + 10);
-            c.nodes[i].m.join(c.now, &[addr(0)]);
-            c.flush(i);
+            c.with(i, |m, now| m.join(now, &[addr(0)]));
         }
         c
-    }
-
-    fn push(&mut self, at: u64, ev: Ev) {
-        self.seq += 1;
-        self.heap.push(Reverse((at, self.seq)));
-        self.pending.insert(self.seq, ev);
-    }
-
-    fn reachable(&self, i: usize) -> bool {
-        !self.nodes[i].dead && !self.isolated.contains(&i)
-    }
-
-    /// Moves node `i`'s outputs into the network and the log.
-    fn flush(&mut self, i: usize) {
-        while let Some((to, bytes)) = self.nodes[i].m.poll_transmit() {
-            assert!(bytes.len() <= self.config.max_packet_bytes);
-            let Some(&j) = self.by_addr.get(&to) else {
-                continue;
-            };
-            if !self.reachable(i) || !self.reachable(j) || self.rng.chance(self.loss) {
-                continue;
-            }
-            let at = self.now + self.rng.range(1, 5);
-            let from = addr(i);
-            self.push(at, Ev::Deliver { to: j, from, bytes });
-        }
-        while let Some((deadline, token)) = self.nodes[i].m.poll_timer() {
-            let life = self.nodes[i].life;
-            self.push(
-                deadline.max(self.now),
-                Ev::Timer {
-                    node: i,
-                    life,
-                    token,
-                },
-            );
-        }
-        while let Some(ev) = self.nodes[i].m.poll_event() {
-            self.log.push((self.now, i, ev));
-        }
-    }
-
-    fn run_until(&mut self, t: u64) {
-        while let Some(&Reverse((at, seq))) = self.heap.peek() {
-            if at > t {
-                break;
-            }
-            self.heap.pop();
-            self.now = at;
-            match self.pending.remove(&seq).unwrap() {
-                Ev::Deliver { to, from, bytes } => {
-                    if !self.reachable(to) {
-                        continue;
-                    }
-                    self.nodes[to].m.handle_datagram(at, from, &bytes);
-                    self.flush(to);
-                }
-                Ev::Timer { node, life, token } => {
-                    if self.nodes[node].dead || self.nodes[node].life != life {
-                        continue;
-                    }
-                    self.nodes[node].m.handle_timer(at, token);
-                    self.flush(node);
-                }
-            }
-        }
-        self.now = t;
     }
 
     /// Runs in 100 ms steps until `done` holds or `limit` ms pass; returns the time it held.
@@ -196,43 +82,37 @@ impl Cluster {
         done(self).then_some(self.now)
     }
 
-    fn live(&self) -> Vec<usize> {
-        (0..self.nodes.len())
-            .filter(|&i| !self.nodes[i].dead)
-            .collect()
+    /// [`Net::run_until`] (here too, so `c.run_until(c.now + ...)` borrows in two phases).
+    fn run_until(&mut self, t: u64) {
+        self.net.run_until(t);
     }
 
     fn converged(&self, expect: usize) -> bool {
         self.live()
-            .iter()
-            .all(|&i| self.nodes[i].m.members().count() == expect)
+            .all(|i| self.nodes[i].m.members().count() == expect)
     }
 
     fn kill(&mut self, i: usize) {
-        self.nodes[i].dead = true;
+        self.crash(i);
     }
 
     /// Restarts slot `i` as a new process with `boot`, joining through member `seed`.
-    fn restart(&mut self, i: usize, boot: u64, seed: usize) {
+    fn restart_as(&mut self, i: usize, boot: u64, seed: usize) {
         let id = MemberId {
             node: node_id(i),
             addr: addr(i),
             boot: Generation(boot),
         };
-        let rng_seed = self.rng.next_u64();
-        self.nodes[i] = Slot {
-            m: Membership::new(id, self.config.clone(), rng_seed),
-            life: self.nodes[i].life + 1,
-            dead: false,
-        };
-        self.nodes[i].m.join(self.now, &[addr(seed)]);
-        self.flush(i);
+        let rng_seed = self.rng().next_u64();
+        let m = Membership::new(id, self.config.clone(), rng_seed);
+        self.restart(i, m);
+        self.with(i, |m, now| m.join(now, &[addr(seed)]));
     }
 
     /// `Down` events for `node` seen by each observer, first time only.
     fn first_down_of(&self, node: &NodeId, since: u64) -> BTreeMap<usize, u64> {
         let mut out = BTreeMap::new();
-        for (t, obs, ev) in &self.log {
+        for (t, obs, ev) in &self.events {
             if let MembershipEvent::Down(id) = ev {
                 if &id.node == node && *t >= since {
                     out.entry(*obs).or_insert(*t);
@@ -244,7 +124,7 @@ impl Cluster {
 
     /// Down events about nodes other than `except`, after `since`: false downs.
     fn false_downs(&self, except: &BTreeSet<NodeId>, since: u64) -> Vec<(u64, usize, MemberId)> {
-        self.log
+        self.events
             .iter()
             .filter_map(|(t, obs, ev)| match ev {
                 MembershipEvent::Down(id) if *t >= since && !except.contains(&id.node) => {
@@ -285,7 +165,7 @@ fn kill_and_measure(n: usize, seed: u64, loss: f64) -> (Cluster, usize, u64, BTr
     let budget = c.config.detection_budget(n);
     let victim_id = node_id(victim);
     let all_down = c.run_until_cond(3 * budget.total_ms, |c| {
-        c.live().iter().all(|&i| c.nodes[i].m.is_down(&victim_id))
+        c.live().all(|i| c.nodes[i].m.is_down(&victim_id))
     });
     assert!(
         all_down.is_some(),
@@ -318,13 +198,12 @@ fn killed_member_is_declared_down_by_everyone_within_budget() {
 fn restarted_member_replaces_its_old_identity() {
     let (mut c, victim, _, _) = kill_and_measure(60, 21, 0.01);
     let t1 = c.now;
-    c.restart(victim, 2, 0);
+    c.restart_as(victim, 2, 0);
     let new_id = c.nodes[victim].m.identity().clone();
     let up = c.run_until_cond(30_000, |c| {
         c.live()
-            .iter()
-            .filter(|&&i| i != victim)
-            .all(|&i| c.nodes[i].m.members().any(|m| *m == new_id))
+            .filter(|&i| i != victim)
+            .all(|i| c.nodes[i].m.members().any(|m| *m == new_id))
     });
     assert!(up.is_some(), "restarted member not seen by everyone");
     assert!(c.run_until_cond(60_000, |c| c.converged(59)).is_some());
@@ -344,13 +223,12 @@ fn fast_restart_renames_without_holding_both() {
     let victim = 7;
     c.kill(victim);
     c.run_until(c.now + 300);
-    c.restart(victim, 2, 0);
+    c.restart_as(victim, 2, 0);
     let new_id = c.nodes[victim].m.identity().clone();
     let ok = c.run_until_cond(30_000, |c| {
         c.live()
-            .iter()
-            .filter(|&&i| i != victim)
-            .all(|&i| c.nodes[i].m.members().any(|m| *m == new_id))
+            .filter(|&i| i != victim)
+            .all(|i| c.nodes[i].m.members().any(|m| *m == new_id))
     });
     assert!(ok.is_some());
     check_alternation(&c, &node_id(victim));
@@ -359,9 +237,9 @@ fn fast_restart_renames_without_holding_both() {
 }
 
 fn check_alternation(c: &Cluster, node: &NodeId) {
-    for obs in c.live() {
+    for obs in c.live().collect::<Vec<_>>() {
         let mut active: Option<MemberId> = None;
-        for (_, o, ev) in &c.log {
+        for (_, o, ev) in &c.events {
             if *o != obs {
                 continue;
             }
@@ -398,7 +276,7 @@ fn malformed_datagrams_are_counted_and_ignored() {
         b"SH\x01\x02hello".to_vec(), // RecordPush: not ours
         vec![0u8; 5_000],
     ];
-    let mut rng = TestRng(7);
+    let mut rng = TestRng::new(7);
     for len in [4usize, 5, 16, 200, 1_196] {
         let mut b = b"SH\x01\x01".to_vec();
         b.extend((4..len).map(|_| rng.next_u64() as u8));
@@ -406,7 +284,8 @@ fn malformed_datagrams_are_counted_and_ignored() {
     }
     let decode_rejects = 7;
     for bytes in &junk {
-        c.nodes[target].m.handle_datagram(c.now, from, bytes);
+        let now = c.now;
+        c.nodes[target].m.handle_datagram(now, from, bytes);
     }
     let k = c.nodes[target].m.counters().clone();
     assert_eq!(k.rejected_decode, decode_rejects);
@@ -415,7 +294,7 @@ fn malformed_datagrams_are_counted_and_ignored() {
         junk.len() as u64,
         "{k:?}"
     );
-    c.flush(target);
+    c.drain(target);
     let after: Vec<_> = c.nodes[target].m.members().cloned().collect();
     assert_eq!(before, after);
     // And the cluster carries on.
@@ -477,14 +356,13 @@ fn graceful_leave_propagates_without_suspicion() {
     c.run_until(c.now + 2_000);
     let leaver = 17;
     let t0 = c.now;
-    c.nodes[leaver].m.leave(c.now);
-    c.flush(leaver);
+    c.with(leaver, |m, now| m.leave(now));
     c.run_until(c.now + 50);
     c.kill(leaver);
     let id = node_id(leaver);
     let budget = c.config.detection_budget(60);
     let done = c.run_until_cond(budget.total_ms, |c| {
-        c.live().iter().all(|&i| c.nodes[i].m.is_down(&id))
+        c.live().all(|i| c.nodes[i].m.is_down(&id))
     });
     let took = done.expect("leave did not propagate") - t0;
     // A leave needs no probe and no suspicion window: dissemination only (+ one probe period
@@ -507,16 +385,15 @@ fn partitioned_member_rejoins_by_itself_after_heal() {
     c.run_until(c.now + 2_000);
     let cut = 23;
     let t0 = c.now;
-    c.isolated.insert(cut);
+    c.isolate(cut);
     let id = node_id(cut);
     let budget = c.config.detection_budget(n);
     c.run_until(c.now + budget.total_ms + 20_000);
     assert!(c
         .live()
-        .iter()
-        .filter(|&&i| i != cut)
-        .all(|&i| c.nodes[i].m.is_down(&id)));
-    c.isolated.clear();
+        .filter(|&i| i != cut)
+        .all(|i| c.nodes[i].m.is_down(&id)));
+    c.heal();
     let healed = c.run_until_cond(60_000, |c| c.converged(n - 1));
     assert!(healed.is_some(), "isolated member did not rejoin");
     let me = c.nodes[cut].m.identity().clone();
@@ -524,7 +401,7 @@ fn partitioned_member_rejoins_by_itself_after_heal() {
         me.boot > Generation(1),
         "rejoin must renew the boot generation"
     );
-    for i in c.live().into_iter().filter(|&i| i != cut) {
+    for i in c.live().filter(|&i| i != cut) {
         assert!(c.nodes[i].m.members().any(|m| *m == me));
     }
     // Only the cut member's view may have seen downs; nobody else saw a healthy member down.
@@ -571,9 +448,7 @@ fn measure_detection() {
         c.kill(victim);
         victims.insert(node_id(victim));
         let vid = node_id(victim);
-        c.run_until_cond(60_000, |c| {
-            c.live().iter().all(|&i| c.nodes[i].m.is_down(&vid))
-        });
+        c.run_until_cond(60_000, |c| c.live().all(|i| c.nodes[i].m.is_down(&vid)));
         let downs = c.first_down_of(&vid, t0);
         let ds: Vec<u64> = downs.values().map(|t| t - t0).collect();
         let worst = *ds.iter().max().unwrap_or(&u64::MAX);
@@ -609,7 +484,7 @@ fn measure_detection() {
         println!("  false down at {t} by {obs}: {id:?}");
     }
     let sum = |f: &dyn Fn(&shoal_mesh::membership::MembershipCounters) -> u64| -> u64 {
-        c.live().iter().map(|&i| f(&c.nodes[i].m.counters())).sum()
+        c.live().map(|i| f(&c.nodes[i].m.counters())).sum()
     };
     println!(
         "ignored_turn_undead {} timer_errors {} overflow t/ti/e {}/{}/{} identity_conflicts {}",
@@ -620,10 +495,6 @@ fn measure_detection() {
         sum(&|k| k.event_overflow),
         sum(&|k| k.identity_conflicts)
     );
-    let rej: u64 = c
-        .live()
-        .iter()
-        .map(|&i| c.nodes[i].m.counters().rejoins)
-        .sum();
+    let rej: u64 = c.live().map(|i| c.nodes[i].m.counters().rejoins).sum();
     println!("rejoins among survivors: {rej}");
 }

@@ -2,12 +2,11 @@
 //! nothing, datagrams never exceed the packet limit, full queues count overflow instead of
 //! growing, and the same seed gives the same bytes on the wire.
 
-mod mesh_support;
+mod support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use mesh_support::{addr, config, Cluster};
 use shoal_mesh::messages::{
     AntiEntropy, Graft, Prune, RecordPush, StreamMessage, MAX_MEMBERS_PER_MESSAGE,
 };
@@ -16,6 +15,7 @@ use shoal_mesh::{Channel, Command, MeshEvent};
 use shoal_proto::envelope::{MessageKind, MAGIC, PROTOCOL_VERSION};
 use shoal_proto::LifecycleState::{Draining, Ready};
 use shoal_proto::SigningKey;
+use support::{addr, config, Cluster};
 
 fn header(version: u8, kind: u8) -> Vec<u8> {
     let mut v = MAGIC.to_vec();
@@ -55,7 +55,7 @@ fn malformed_oversized_and_wrong_kind_stream_messages_are_counted_and_change_not
     .unwrap();
     let over_limit_members = StreamMessage::AntiEntropy(AntiEntropy::Members {
         buckets: vec![0],
-        members: vec![mesh_support::identity(1); MAX_MEMBERS_PER_MESSAGE + 1],
+        members: vec![support::identity(1); MAX_MEMBERS_PER_MESSAGE + 1],
         reply: true,
     })
     .encode(max)
@@ -87,12 +87,12 @@ fn malformed_oversized_and_wrong_kind_stream_messages_are_counted_and_change_not
         ("over_limit", over_limit_members),
     ];
 
-    let m = &mut c.nodes[0].mesh;
+    let m = &mut c.net.nodes[0].m;
     assert!(m.poll_transmit().is_none() && m.poll_event().is_none());
     let catalog = m.catalog().clone();
     let peers = m.peer_sets();
     let before = m.counters().clone();
-    let now = c.now;
+    let now = c.net.now;
     let mut expected: BTreeMap<&'static str, u64> = BTreeMap::new();
     for (label, bytes) in inputs {
         m.handle_stream_message(now, addr(1), &bytes);
@@ -185,9 +185,9 @@ fn full_queues_count_overflow_instead_of_growing() {
         c.max_pending_events = 4;
     });
     let mut c = Cluster::new(N, 24, cfg);
-    let now = c.now;
-    let members = (1..N).map(mesh_support::identity).collect();
-    let m = &mut c.nodes[0].mesh;
+    let now = c.net.now;
+    let members = (1..N).map(support::identity).collect();
+    let m = &mut c.net.nodes[0].m;
     m.bootstrap(now, members);
     while m.poll_transmit().is_some() {}
     while m.poll_event().is_some() {}
@@ -206,7 +206,7 @@ fn full_queues_count_overflow_instead_of_growing() {
     let records: Vec<_> = (0..10)
         .map(|r| c.record(&format!("d{r}"), 1, Draining))
         .collect();
-    let m = &mut c.nodes[0].mesh;
+    let m = &mut c.net.nodes[0].m;
     assert_eq!(
         m.handle_command(now, Command::Publish { lifecycle: records }),
         Ok(())
@@ -306,7 +306,7 @@ fn the_same_seed_gives_the_same_transmits() {
 #[should_panic(expected = "now_ms went backwards")]
 fn now_ms_going_backwards_is_caught() {
     let mut c = Cluster::new(2, 1, config(2, |_| {}));
-    let m = &mut c.nodes[0].mesh;
+    let m = &mut c.net.nodes[0].m;
     m.start(1_000);
     m.handle_timeout(999);
 }

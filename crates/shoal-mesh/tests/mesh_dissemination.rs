@@ -1,13 +1,13 @@
 //! Specification of record dissemination in `shoal_mesh::Mesh`: Plumtree eager push with
 //! coalescing, PRUNE on duplicates, IHAVE/GRAFT and anti-entropy repair, late joiners, and
-//! tombstone compaction answered by snapshots. Driven by `mesh_support::Cluster` in virtual time.
+//! tombstone compaction answered by snapshots. Driven by `support::Cluster` in virtual time.
 
-mod mesh_support;
+mod support;
 
-use mesh_support::{config, Cluster, LATENCY_MS};
 use shoal_mesh::messages::{RecordPush, StreamMessage};
 use shoal_proto::envelope::MessageKind;
 use shoal_proto::LifecycleState::{Draining, Expired, Ready};
+use support::{config, Cluster, SentExt, LATENCY_MS};
 
 const N: usize = 16;
 const WARM_UP_MS: u64 = 2_000;
@@ -195,7 +195,7 @@ fn a_late_joiner_receives_the_whole_catalog_by_anti_entropy() {
 
     let j = c.add_node();
     let joined_at = c.now;
-    c.join(j, vec![mesh_support::addr(0), mesh_support::addr(1)]);
+    c.join(j, vec![support::addr(0), support::addr(1)]);
     let done = c.run_until_true(joined_at + 20_000, 50, |c| {
         c.mesh(j).catalog() == c.mesh(0).catalog()
     });
@@ -309,8 +309,8 @@ fn a_redundant_push_is_pruned_even_from_a_peer_we_no_longer_push_to() {
     // pushes to us. It must be told to stop, or it pushes every future record to us for
     // nothing.
     let mut c = Cluster::new(3, 8, config(3, |_| {}));
-    let now = c.now;
-    let members = vec![mesh_support::identity(1)];
+    let now = c.net.now;
+    let members = vec![support::identity(1)];
     let rec = c.record("a", 1, Ready);
     let push = StreamMessage::Push(RecordPush {
         lifecycle: vec![rec],
@@ -318,18 +318,18 @@ fn a_redundant_push_is_pruned_even_from_a_peer_we_no_longer_push_to() {
     })
     .encode(1 << 20)
     .unwrap();
-    let m = &mut c.nodes[0].mesh;
+    let m = &mut c.net.nodes[0].m;
     m.bootstrap(now, members);
     while m.poll_transmit().is_some() {}
-    m.handle_stream_message(now, mesh_support::addr(1), &push);
+    m.handle_stream_message(now, support::addr(1), &push);
     while m.poll_transmit().is_some() {}
     let prunes = m.counters().prunes_sent;
 
-    m.handle_stream_message(now, mesh_support::addr(2), &push);
+    m.handle_stream_message(now, support::addr(2), &push);
     let out: Vec<_> = std::iter::from_fn(|| m.poll_transmit()).collect();
     assert_eq!(m.counters().prunes_sent, prunes + 1);
     assert_eq!(out.len(), 1);
-    assert_eq!(out[0].to, mesh_support::addr(2));
+    assert_eq!(out[0].to, support::addr(2));
     assert_eq!(out[0].bytes[3], MessageKind::Prune as u8);
 }
 

@@ -2,15 +2,15 @@
 //! endpoints stop being routable everywhere with nothing sent per instance, and only the owner of
 //! an instance may sign its health.
 
-mod mesh_support;
+mod support;
 
-use mesh_support::{config, node_id, Cluster};
 use shoal_catalog::view::EndpointState;
 use shoal_catalog::Liveness;
 use shoal_mesh::mesh::Refusal;
 use shoal_mesh::{Channel, Command, MeshEvent};
 use shoal_proto::LifecycleState::Ready;
 use shoal_proto::{Generation, HealthStatus, InstanceId, TransitionReason};
+use support::{config, node_id, Cluster, SentExt};
 
 const N: usize = 12;
 

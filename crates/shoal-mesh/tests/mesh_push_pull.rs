@@ -2,13 +2,13 @@
 //! learns it from a peer's list, only the differing buckets travel, openers are rate-limited,
 //! and a list never brings a dead identity back.
 
-mod mesh_support;
+mod support;
 
-use mesh_support::{config, identity, node_id, Cluster};
 use shoal_mesh::membership::MEMBER_BUCKETS;
 use shoal_mesh::messages::{AntiEntropy, StreamMessage};
 use shoal_mesh::MemberId;
 use shoal_proto::Generation;
+use support::{config, identity, node_id, Cluster};
 
 fn encode(c: &Cluster, msg: AntiEntropy) -> Vec<u8> {
     StreamMessage::AntiEntropy(msg)

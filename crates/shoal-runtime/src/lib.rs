@@ -14,6 +14,8 @@
 //! * [`boot`]: the persisted boot generation ([`boot::bump_boot`]), OS randomness and the
 //!   jitter RNG;
 //! * [`members_file`]: the address book persisted as `members.json` and read back at start;
+//! * [`config`]: the `[tls]` section, hex public keys and the hex codec both config files
+//!   share;
 //! * [`knobs`]: the SWIM / anti-entropy overrides both config files accept
 //!   ([`knobs::SwimKnobs`]);
 //! * [`local_api`]: a blocking HTTP/1.1 client of the agent's unix-socket API (the demo and
@@ -24,6 +26,7 @@
 
 pub mod boot;
 pub mod clock;
+pub mod config;
 pub mod io;
 pub mod join;
 pub mod knobs;

@@ -308,7 +308,13 @@ impl ShoalHarness {
                     (LifecycleState::Ready, TransitionReason::ReadinessPassed),
                 ] {
                     let rec = self.commit(idx, to, reason, 0).expect("initial admission");
-                    catalogs[region as usize].apply_lifecycle(Arc::new(rec), &self.keys);
+                    let merged =
+                        catalogs[region as usize].apply_lifecycle(Arc::new(rec), &self.keys);
+                    assert_eq!(
+                        merged,
+                        shoal_catalog::MergeOutcome::Applied,
+                        "initial admission merges"
+                    );
                 }
             }
         }
@@ -354,15 +360,6 @@ impl ShoalHarness {
 
 fn node_id(i: u32) -> NodeId {
     NodeId::new(format!("n{i}")).expect("valid node id")
-}
-
-const FNV: u64 = 0xcbf2_9ce4_8422_2325;
-fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
 }
 
 impl ShoalHarness {

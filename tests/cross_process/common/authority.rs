@@ -200,7 +200,7 @@ impl Region3 {
             };
             let config = dir.join(format!("{name}.toml"));
             let text = format!(
-                "{join}id = {}\nregion = \"dev\"\ndata_dir = \"{}\"\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
+                "{join}id = {}\nregion = \"dev\"\ndata_dir = \"{}\"\ntls = {{ ca = \"{}\", cert = \"{}\", key = \"{}\" }}\n\
                  signing_key = \"{}\"\nheartbeat_ms = 100\nelection_timeout_ms = 500\nwrite_timeout_ms = 2000\n\
                  quorum_stale_ms = 1000\nexpire_interval_ms = 200\n\
                  mesh_addr = \"{}:{MESH_PORT}\"\nmesh_seeds = [{}]\n\n[mesh]\ncluster_size = 8\njoin_max_ms = 1000\n\

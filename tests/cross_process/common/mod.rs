@@ -21,9 +21,10 @@ use shoal_transport::certs;
 /// binary (`CARGO_BIN_EXE_*` is per package). `cargo test --workspace` builds it in the same
 /// invocation (shoal-cli has tests of its own); when it is missing, or older than any source
 /// file under `crates/` or `Cargo.lock` (only `cargo test -p shoal-system-tests` ran after an
-/// edit), the first call in the test process runs `cargo build -p shoal-cli --bin shoal` into
-/// that target directory, so a test never runs a stale binary. Panics with cargo's output if
-/// the build fails.
+/// edit), the first call in the test process runs `cargo test --workspace --no-run` into that
+/// target directory (the build CI does, so no second feature set of the dependencies is
+/// compiled), so a test never runs a stale binary. Panics with cargo's output if the build
+/// fails.
 pub fn shoal_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
@@ -45,15 +46,16 @@ pub fn shoal_bin() -> &'static Path {
         if built.is_some() && built >= newest {
             return bin;
         }
+        // `cargo test --workspace --no-run`, not `cargo build -p shoal-cli`: a `-p` selection
+        // unifies other features and rebuilds the whole dependency stack (quinn, rustls, axum,
+        // hickory, tonic) into artifacts CI never uses; this is the build CI does.
         let mut build = Command::new(env!("CARGO"));
         build
             .args([
-                "build",
+                "test",
+                "--workspace",
+                "--no-run",
                 "--quiet",
-                "-p",
-                "shoal-cli",
-                "--bin",
-                "shoal",
                 "--manifest-path",
             ])
             .arg(root.join("Cargo.toml"))
@@ -64,10 +66,10 @@ pub fn shoal_bin() -> &'static Path {
         }
         let out = build
             .output()
-            .expect("run cargo build for the shoal binary");
+            .expect("run cargo test --no-run for the shoal binary");
         assert!(
             out.status.success(),
-            "cargo build -p shoal-cli failed:\n{}",
+            "cargo test --workspace --no-run failed:\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
         bin

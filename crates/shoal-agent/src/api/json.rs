@@ -304,10 +304,12 @@ mod tests {
             fx.lifecycle("web-4", 2, 4, LifecycleState::Ready),
         ];
         for r in &records {
-            catalog.apply_lifecycle(Arc::new(r.clone()), &fx.keyring);
+            let merged = catalog.apply_lifecycle(Arc::new(r.clone()), &fx.keyring);
+            assert_eq!(merged, shoal_catalog::MergeOutcome::Applied);
         }
         let failing = fx.health("web-4", 0, 2, 1, 1, HealthStatus::Failing);
-        catalog.apply_health(Arc::new(failing), &fx.keyring);
+        let merged = catalog.apply_health(Arc::new(failing), &fx.keyring);
+        assert_eq!(merged, shoal_catalog::MergeOutcome::Applied);
         let mut times = ApplyTimes::default();
         assert!(times.record(&records[0].record, 1_234));
         // node-1 (owner of web-2) down; web-1 ejected until 500.

@@ -131,8 +131,14 @@ fn a_new_key_reissues_every_live_instance_of_that_node_only() {
 
     // Every agent verifies with the re-issue: the old key's health is superseded.
     let mut cat = Catalog::new();
-    cat.apply_lifecycle(Arc::new(a), &h.fx.keyring);
-    cat.apply_lifecycle(Arc::new(out[0].clone()), &h.fx.keyring);
+    assert_eq!(
+        cat.apply_lifecycle(Arc::new(a), &h.fx.keyring),
+        MergeOutcome::Applied
+    );
+    assert_eq!(
+        cat.apply_lifecycle(Arc::new(out[0].clone()), &h.fx.keyring),
+        MergeOutcome::Applied
+    );
     let old_health = old.sign_health(h.fx.health("a", 0, 3, 1, 1, HealthStatus::Failing).record);
     assert_eq!(
         cat.apply_health(Arc::new(old_health), &h.fx.keyring),
@@ -235,15 +241,21 @@ fn revocation_expires_the_nodes_instances_and_refuses_it_until_readmitted_with_a
     // In every catalog, health signed by the revoked key stops verifying.
     let mut cat = Catalog::new();
     for r in &out {
-        cat.apply_lifecycle(Arc::new(r.clone()), &h.fx.keyring);
+        assert_eq!(
+            cat.apply_lifecycle(Arc::new(r.clone()), &h.fx.keyring),
+            MergeOutcome::Applied
+        );
     }
     let mut earlier = current(&h, "c").record; // any record binding k for node-0
     earlier.owner = node_id(0);
     earlier.owner_key = Some(public(&k));
     earlier.revision = Revision(1);
-    cat.apply_lifecycle(
-        Arc::new(h.fx.authority.sign_lifecycle(earlier)),
-        &h.fx.keyring,
+    assert_eq!(
+        cat.apply_lifecycle(
+            Arc::new(h.fx.authority.sign_lifecycle(earlier)),
+            &h.fx.keyring,
+        ),
+        MergeOutcome::Applied
     );
     let health = k.sign_health(h.fx.health("a", 0, 2, 1, 1, HealthStatus::Failing).record);
     assert_eq!(

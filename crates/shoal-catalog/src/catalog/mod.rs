@@ -67,6 +67,7 @@ pub const MAX_NODES_WITH_KEYS: usize = 65_536;
 
 /// What merging one record did. Only `Applied` changed state.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a refused or stale merge changed nothing; the caller decides what to count or send"]
 pub enum MergeOutcome {
     /// The record was newer and is now held.
     Applied,

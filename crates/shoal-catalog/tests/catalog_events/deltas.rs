@@ -246,7 +246,10 @@ fn health_delta_of_an_unknown_owner_is_empty() {
 fn heads_report_every_origin() {
     let fx = Fixture::new();
     let (mut c, _) = with_tombstone(&fx);
-    c.apply_health(health(&fx, "b", 0, 2, 1, 1, Passing), &fx.keyring);
+    assert_eq!(
+        c.apply_health(health(&fx, "b", 0, 2, 1, 1, Passing), &fx.keyring),
+        MergeOutcome::Applied
+    );
     c.collect_garbage(&fx.region, Revision(3));
 
     let heads = c.heads();
@@ -277,11 +280,11 @@ fn also_seen_closes_a_gap_of_a_superseded_revision() {
     let a4 = Arc::new(fx.lifecycle("a", 2, 4, Ready));
     // Q saw 2 and 4 only; P saw 1 and 3 only.
     let mut q = Catalog::new();
-    q.apply_lifecycle(a2, &fx.keyring);
-    q.apply_lifecycle(a4, &fx.keyring);
+    assert_eq!(q.apply_lifecycle(a2, &fx.keyring), MergeOutcome::Applied);
+    assert_eq!(q.apply_lifecycle(a4, &fx.keyring), MergeOutcome::Applied);
     let mut p = Catalog::new();
-    p.apply_lifecycle(b1, &fx.keyring);
-    p.apply_lifecycle(c3, &fx.keyring);
+    assert_eq!(p.apply_lifecycle(b1, &fx.keyring), MergeOutcome::Applied);
+    assert_eq!(p.apply_lifecycle(c3, &fx.keyring), MergeOutcome::Applied);
     assert_eq!(p.region_head(&fx.region), Revision(1));
     let d = q.lifecycle_delta(&fx.region, Revision(1), 100).unwrap();
     assert_eq!(d.records.len(), 1, "only a@4 is still held");
@@ -291,8 +294,14 @@ fn also_seen_closes_a_gap_of_a_superseded_revision() {
     assert_eq!(p.region_head(&fx.region), Revision(4));
     // The same delta without its also_seen leaves the gap at 2 open.
     let mut p2 = Catalog::new();
-    p2.apply_lifecycle(Arc::new(fx.lifecycle("b", 1, 1, Ready)), &fx.keyring);
-    p2.apply_lifecycle(Arc::new(fx.lifecycle("c", 3, 3, Ready)), &fx.keyring);
+    assert_eq!(
+        p2.apply_lifecycle(Arc::new(fx.lifecycle("b", 1, 1, Ready)), &fx.keyring),
+        MergeOutcome::Applied
+    );
+    assert_eq!(
+        p2.apply_lifecycle(Arc::new(fx.lifecycle("c", 3, 3, Ready)), &fx.keyring),
+        MergeOutcome::Applied
+    );
     let mut bare = d.clone();
     bare.also_seen.clear();
     p2.apply_lifecycle_delta(&bare, &fx.keyring);

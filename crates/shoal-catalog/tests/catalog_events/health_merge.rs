@@ -125,8 +125,14 @@ fn health_before_its_lifecycle_is_held_then_applied_when_the_lifecycle_arrives()
 
     // The same end state as in-order delivery.
     let mut in_order = Catalog::new();
-    in_order.apply_lifecycle(life(&fx, "a", 1, 1, Ready), &fx.keyring);
-    in_order.apply_health(health(&fx, "a", 0, 1, 1, 1, Failing), &fx.keyring);
+    assert_eq!(
+        in_order.apply_lifecycle(life(&fx, "a", 1, 1, Ready), &fx.keyring),
+        MergeOutcome::Applied
+    );
+    assert_eq!(
+        in_order.apply_health(health(&fx, "a", 0, 1, 1, 1, Failing), &fx.keyring),
+        MergeOutcome::Applied
+    );
     assert_eq!(c, in_order);
 }
 
@@ -150,7 +156,10 @@ fn newer_generation_drops_the_old_generations_health() {
     let fx = Fixture::new();
     let mut c = Catalog::new();
     seed(&mut c, &fx, &[life(&fx, "a", 1, 1, Ready)]);
-    c.apply_health(health(&fx, "a", 0, 1, 1, 1, Failing), &fx.keyring);
+    assert_eq!(
+        c.apply_health(health(&fx, "a", 0, 1, 1, 1, Failing), &fx.keyring),
+        MergeOutcome::Applied
+    );
 
     let out = c.apply_lifecycle(life(&fx, "a", 2, 2, Starting), &fx.keyring);
 
@@ -202,7 +211,10 @@ fn expiry_drops_health_and_later_health_of_that_generation_is_stale() {
     let fx = Fixture::new();
     let mut c = Catalog::new();
     seed(&mut c, &fx, &[life(&fx, "a", 1, 1, Ready)]);
-    c.apply_health(health(&fx, "a", 0, 1, 1, 1, Passing), &fx.keyring);
+    assert_eq!(
+        c.apply_health(health(&fx, "a", 0, 1, 1, 1, Passing), &fx.keyring),
+        MergeOutcome::Applied
+    );
 
     seed(&mut c, &fx, &[life(&fx, "a", 1, 2, Expired)]);
     assert!(c.entry(&fx.key, &inst("a")).unwrap().health().is_none());
@@ -236,7 +248,10 @@ fn health_held_early_is_claimed_by_no_head_and_applied_once_its_lifecycle_arrive
     assert_eq!(d.complete_to, HealthSeq(0), "the head claims nothing held");
     assert!(d.records.is_empty());
 
-    tx.apply_lifecycle(life(&fx, "a", 1, 1, Ready), &fx.keyring);
+    assert_eq!(
+        tx.apply_lifecycle(life(&fx, "a", 1, 1, Ready), &fx.keyring),
+        MergeOutcome::Applied
+    );
     assert!(tx.entry(&fx.key, &inst("a")).unwrap().health().is_some());
     let d = tx.health_delta(&node0, Generation(1), HealthSeq(0), 100);
     assert_eq!((d.complete_to, d.records), (HealthSeq(1), vec![early]));

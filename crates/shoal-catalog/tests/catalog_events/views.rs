@@ -20,7 +20,10 @@ fn routable_means_ready_and_passing_and_owner_up_and_not_ejected() {
         let rec = fx.lifecycle_for(&fx.key, name, *owner, g, g, *state);
         seed(&mut c, &fx, &[Arc::new(rec)]);
         if let Some(status) = h {
-            c.apply_health(health(&fx, name, *owner, g, 1, g, *status), &fx.keyring);
+            assert_eq!(
+                c.apply_health(health(&fx, name, *owner, g, 1, g, *status), &fx.keyring),
+                MergeOutcome::Applied
+            );
         }
     }
     seed(&mut c, &fx, &[life(&fx, "expired", 99, 8, Expired)]);

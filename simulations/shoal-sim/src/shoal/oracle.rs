@@ -3,6 +3,7 @@
 //! `shoal.rs` (issue 15) along that concept; the code is moved as it was.
 
 use super::*;
+use shoal_mesh::hash::{fnv1a, FNV_OFFSET};
 
 impl ShoalHarness {
     /// Fills `report` at the end of a run (the body of `Harness::finish`).
@@ -384,26 +385,26 @@ impl ShoalHarness {
     /// A fingerprint of one agent's state: heads and membership view (its own node id as
     /// its identity says: a `duplicate_id` process claims another node's).
     pub(super) fn fingerprint(n: &ShoalNode, _slot: u32) -> u64 {
-        let mut h = FNV;
+        let mut h = FNV_OFFSET;
         let heads = n.mesh().catalog().heads();
         for r in &heads.regions {
-            h = fnv(h, r.region.as_str().as_bytes());
-            h = fnv(h, &r.contiguous.0.to_le_bytes());
-            h = fnv(h, &r.max_seen.0.to_le_bytes());
-            h = fnv(h, &r.pending_hash.to_le_bytes());
+            h = fnv1a(r.region.as_str().as_bytes(), h);
+            h = fnv1a(&r.contiguous.0.to_le_bytes(), h);
+            h = fnv1a(&r.max_seen.0.to_le_bytes(), h);
+            h = fnv1a(&r.pending_hash.to_le_bytes(), h);
         }
         for o in &heads.owners {
-            h = fnv(h, o.owner.as_str().as_bytes());
-            h = fnv(h, &o.boot.0.to_le_bytes());
-            h = fnv(h, &o.contiguous.0.to_le_bytes());
-            h = fnv(h, &o.pending_hash.to_le_bytes());
+            h = fnv1a(o.owner.as_str().as_bytes(), h);
+            h = fnv1a(&o.boot.0.to_le_bytes(), h);
+            h = fnv1a(&o.contiguous.0.to_le_bytes(), h);
+            h = fnv1a(&o.pending_hash.to_le_bytes(), h);
         }
         let mut members: Vec<&NodeId> = n.mesh().membership().members().map(|m| &m.node).collect();
         let me = n.mesh().membership().identity().node.clone();
         members.push(&me);
         members.sort();
         for m in members {
-            h = fnv(h, m.as_str().as_bytes());
+            h = fnv1a(m.as_str().as_bytes(), h);
         }
         h
     }
@@ -530,17 +531,17 @@ pub(super) fn routable_sets(n: &ShoalNode) -> RoutableSets {
 pub(super) fn routable_digest(n: &ShoalNode) -> u64 {
     let live = n.mesh().liveness();
     let catalog = n.mesh().catalog();
-    let mut h = FNV;
+    let mut h = FNV_OFFSET;
     for key in catalog.service_keys() {
         let mut any = false;
         for e in catalog.routable(key, &live) {
             if !any {
-                h = fnv(h, key.to_string().as_bytes());
+                h = fnv1a(key.to_string().as_bytes(), h);
                 any = true;
             }
             let rec = &e.lifecycle().record;
-            h = fnv(h, rec.instance.as_str().as_bytes());
-            h = fnv(h, &rec.generation.0.to_le_bytes());
+            h = fnv1a(rec.instance.as_str().as_bytes(), h);
+            h = fnv1a(&rec.generation.0.to_le_bytes(), h);
         }
     }
     h
