@@ -31,12 +31,12 @@ pub fn member_addrs(shared: &Shared) -> MemberAddrs {
 /// A stable UUID-shaped node id (Consul node ids are UUIDs): two 64-bit FNV-1a hashes of the
 /// node name, formatted 8-4-4-4-12. Not random, so every agent derives the same one.
 pub fn node_uuid(node: &str) -> String {
-    let fnv = |seed: u64| {
-        node.bytes().fold(seed, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        })
-    };
-    let (a, b) = (fnv(0xcbf2_9ce4_8422_2325), fnv(0x6c62_272e_07bb_0142));
+    use shoal_mesh::hash::{fnv1a, FNV_OFFSET};
+    // The second hash starts from another basis so the two halves are independent.
+    let (a, b) = (
+        fnv1a(node.as_bytes(), FNV_OFFSET),
+        fnv1a(node.as_bytes(), 0x6c62_272e_07bb_0142),
+    );
     let hex = format!("{a:016x}{b:016x}");
     format!(
         "{}-{}-{}-{}-{}",
@@ -356,5 +356,8 @@ mod tests {
         assert_ne!(a, node_uuid("node-2"));
         let parts: Vec<usize> = a.split('-').map(str::len).collect();
         assert_eq!(parts, vec![8, 4, 4, 4, 12]);
+        // Pinned: Consul clients cache node ids, so the derivation must never change (this is
+        // FNV-1a of the name from two bases, computed independently in Python).
+        assert_eq!(a, "e696ecc2-2078-79c3-9b08-af0eece84688");
     }
 }
