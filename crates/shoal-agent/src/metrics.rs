@@ -98,6 +98,8 @@ pub fn export_counters(mesh: &Mesh<Keyring>, transport: &TransportCounters) {
     counter!("shoal_swim_rejoins_total").absolute(m.rejoins);
     counter!("shoal_swim_identity_conflicts_total").absolute(m.identity_conflicts);
     counter!("shoal_swim_members_learned_total").absolute(m.members_learned);
+    counter!("shoal_swim_downs_relearned_total").absolute(m.downs_relearned);
+    counter!("shoal_swim_contested_down_notices_total").absolute(m.contested_down_notices);
     counter!("shoal_swim_updates_deduplicated_total").absolute(m.updates_deduplicated);
     // Issue 15 / ADR 0010: probe health, refuted downs, the address book.
     counter!("shoal_swim_downs_withheld_total").absolute(m.downs_withheld);

@@ -50,6 +50,8 @@ const COUNTERS: &[(&str, &str)] = &[
     ("shoal_swim_datagrams_total", "SWIM datagrams by direction."),
     ("shoal_swim_identity_conflicts_total", "SWIM identity conflicts (same node, different identity)."),
     ("shoal_swim_members_learned_total", "Members learned through membership push-pull."),
+    ("shoal_swim_contested_down_notices_total", "TurnUndead notices sent to members SWIM holds down while a peer's member list shows them alive (at most one per member per 10 s; membership/partition.rs)."),
+    ("shoal_swim_downs_relearned_total", "Members this agent still listed as down, but SWIM no longer did (its down list was not carried across an identity renewal), learned again from a peer's member list."),
     ("shoal_swim_rejoins_total", "Times this agent renewed its identity after being declared down."),
     ("shoal_mesh_send_errors_total", "Mesh transmits (SWIM datagrams and stream messages) the transport refused: queue full, oversize or shut down (the shoal_transport_* counters say which); SWIM and anti-entropy repair what is lost."),
     ("shoal_swim_downs_withheld_total", "Suspect-to-down decisions withheld because most of this agent's own probes failed (membership/accuser.rs)."),

@@ -124,6 +124,9 @@ pub struct Membership {
     defunct: bool,
     /// Last time (ms) we held a partition's worth of members as down.
     partition_seen_ms: Option<u64>,
+    /// Identities foca holds down that a peer's member list showed alive, with when we last
+    /// told them so (`partition.rs`: contested downs).
+    contested: BTreeMap<NodeId, (MemberId, u64)>,
     /// Until when (ms) we consider ourselves degraded (timers handled late).
     degraded_until_ms: u64,
     /// The `now_ms` of the latest input: time is an input and must never go backwards.
@@ -195,6 +198,7 @@ impl Membership {
             connected: false,
             defunct: false,
             partition_seen_ms: None,
+            contested: BTreeMap::new(),
             degraded_until_ms: 0,
             last_now_ms: 0,
             probe_health: accuser::ProbeHealth::default(),
@@ -600,6 +604,7 @@ impl Membership {
 
     fn insert_up(&mut self, id: MemberId) {
         self.down.remove(&id.node);
+        self.contested.remove(&id.node);
         self.book_up(self.last_now_ms, &id);
         self.member_buckets[member_bucket(&id.node)] ^= member_fingerprint(&id);
         self.active.insert(id.node.clone(), id.clone());

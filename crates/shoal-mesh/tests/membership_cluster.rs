@@ -414,6 +414,50 @@ fn partitioned_member_rejoins_by_itself_after_heal() {
     check_alternation(&c, &node_id(cut));
 }
 
+/// A third of the members cut off from the rest (`reference/partition`: zone a of a region
+/// against zones b and c). The cut-off third fails two thirds of its probes, so probe health
+/// (`membership/accuser.rs`) withholds many of its downs, and a member on its own side dies
+/// during the split. After the heal every live member holds the dead one down within a few
+/// suspicion windows (well inside a probe round, 30 s here), and the two sides re-merge
+/// into one mesh.
+#[test]
+fn a_third_cut_off_heals_and_its_dead_member_is_declared_everywhere() {
+    let n = 60;
+    let mut c = converge(n, 83, 0.0);
+    c.run_until(c.now + 2_000);
+    let minority: Vec<usize> = (0..n).filter(|i| i % 3 == 0).collect();
+    c.split(&minority);
+    c.run_until(c.now + 20_000);
+    let dead = 3;
+    c.kill(dead);
+    c.run_until(c.now + 120_000);
+    let withholding = minority
+        .iter()
+        .filter(|&&i| i != dead && c.nodes[i].m.counters().downs_withheld > 0)
+        .count();
+    assert!(
+        withholding * 2 > minority.len(),
+        "only {withholding} cut-off members withheld a down: the split does not exercise probe health"
+    );
+    c.heal();
+    let healed = c.now;
+    let id = node_id(dead);
+    let limit = 5 * c.config.suspect_to_down_after_ms + 5_000;
+    assert!(limit < (n as u64 - 1) * c.config.probe_period_ms);
+    let all_down = c.run_until_cond(limit, |c| c.live().all(|i| c.nodes[i].m.is_down(&id)));
+    let holdouts: Vec<usize> = c.live().filter(|&i| !c.nodes[i].m.is_down(&id)).collect();
+    assert!(
+        all_down.is_some(),
+        "{} ms after the heal, members {holdouts:?} do not hold the dead member down",
+        c.now - healed
+    );
+    let whole = c.run_until_cond(60_000, |c| c.converged(n - 2));
+    assert!(
+        whole.is_some(),
+        "the two sides did not re-merge after the heal"
+    );
+}
+
 #[test]
 fn same_seed_same_history() {
     let a = kill_and_measure(30, 71, 0.02).3;

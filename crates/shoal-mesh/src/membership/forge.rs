@@ -42,12 +42,29 @@ pub fn gossip_datagram(
     dst: &MemberId,
     updates: &[(MemberId, Incarnation, RumourState)],
 ) -> Vec<u8> {
+    let updates: Vec<Member<MemberId>> = updates
+        .iter()
+        .map(|(id, incarnation, state)| Member::new(id.clone(), *incarnation, (*state).into()))
+        .collect();
+    swim_datagram(src, dst, Message::Gossip, &updates)
+}
+
+/// One enveloped SWIM datagram from `src` (claimed at incarnation 0, which never changes what
+/// the receiver holds about the sender) to `dst` with `message` and `updates` piggybacked, in
+/// foca's wire layout. Shared by the fault injection above and the contested-down notice
+/// (`partition.rs`).
+pub(super) fn swim_datagram(
+    src: &MemberId,
+    dst: &MemberId,
+    message: Message<MemberId>,
+    updates: &[Member<MemberId>],
+) -> Vec<u8> {
     let mut body = Vec::new();
     let header = Header {
         src: src.clone(),
         src_incarnation: 0,
         dst: dst.clone(),
-        message: Message::Gossip,
+        message,
     };
     let mut codec = PostcardCodec;
     codec
@@ -55,10 +72,9 @@ pub fn gossip_datagram(
         .expect("a header always encodes");
     let count = u16::try_from(updates.len()).expect("fewer than 65,536 updates");
     body.extend_from_slice(&count.to_be_bytes());
-    for (id, incarnation, state) in updates {
-        let member = Member::new(id.clone(), *incarnation, (*state).into());
+    for member in updates {
         codec
-            .encode_member(&member, &mut body)
+            .encode_member(member, &mut body)
             .expect("a member always encodes");
     }
     let mut out = Vec::with_capacity(4 + body.len());

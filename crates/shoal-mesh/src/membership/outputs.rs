@@ -85,6 +85,12 @@ pub struct MembershipCounters {
     /// Identities learned from a peer's member list (push-pull, [`Membership::learn_members`])
     /// that rumour mongering had not brought us.
     pub members_learned: u64,
+    /// Of those, identities our down list still held but foca no longer did (a rebuild after a
+    /// renewal did not carry them): a live member would otherwise stay down here for good.
+    pub downs_relearned: u64,
+    /// `TurnUndead` notices sent to members foca holds down that a peer's member list showed
+    /// alive (contested downs, `membership/partition.rs`), at most one per member per 10 s.
+    pub contested_down_notices: u64,
     /// Suspect-to-down decisions withheld because most of our own probes failed (we are the
     /// likely problem; `membership/accuser.rs`).
     pub downs_withheld: u64,

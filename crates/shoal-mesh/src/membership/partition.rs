@@ -19,6 +19,15 @@ const PARTITION_DOWN_DIVISOR: usize = 5;
 /// How long, ms, a partition verdict keeps `TurnUndead` from down members trusted.
 const PARTITION_GRACE_MS: u64 = 120_000;
 
+/// At most one contested-down notice per member per this many ms.
+const CONTESTED_NOTICE_MS: u64 = 10_000;
+
+/// A down we have held for less than this many ms is not contested: after a real death,
+/// peers that have not heard of it yet list the member alive for about the detection time
+/// (p99 <= 15 s, `docs/slo-budget.md`), and telling a dead member it is down only costs
+/// datagrams. The downs this repairs are minutes old.
+const CONTESTED_AFTER_MS: u64 = 60_000;
+
 impl Membership {
     /// foca trusts `TurnUndead` even from a member it considers down; see the module docs.
     ///
@@ -41,9 +50,58 @@ impl Membership {
         let partitioned = self
             .partition_seen_ms
             .is_some_and(|t| now_ms.saturating_sub(t) <= PARTITION_GRACE_MS);
+        // We hold `src` down but a peer's list showed it alive: our down is the odd one out,
+        // and renewing resolves it from our side (see `note_contested_down`).
+        let contested = self
+            .contested
+            .get(&src.node)
+            .is_some_and(|(id, t)| id == src && now_ms.saturating_sub(*t) <= PARTITION_GRACE_MS);
         self.foca.num_members() > 0
             && !partitioned
+            && !contested
             && !self.foca.iter_members().any(|m| m.id() == src)
+    }
+
+    /// A peer's member list shows `id` alive at the very identity foca holds down (a contested
+    /// down). foca treats down as final for an identity, and rumours carry only changes, so
+    /// nothing repairs this by itself: a live member that never renewed (it was not told it
+    /// was down while the partition verdict lasted) stays down here for good while everyone
+    /// else routes to it (`reference/partition` at 5,001 agents, 2026-12-02). We tell it with a
+    /// `TurnUndead`, as foca does when a down member talks to us, at most once per
+    /// [`CONTESTED_NOTICE_MS`] and only for a down held [`CONTESTED_AFTER_MS`]; it renews if
+    /// it trusts us. If it holds us down too (both were
+    /// on opposite sides of a split), it trusts a `TurnUndead` from us anyway when its own
+    /// down of us is contested: then both renew and re-merge (`is_untrusted_turn_undead`).
+    pub(super) fn note_contested_down(&mut self, now_ms: u64, id: &MemberId, down_since_ms: u64) {
+        if now_ms.saturating_sub(down_since_ms) < CONTESTED_AFTER_MS {
+            return;
+        }
+        if let Some((held, last)) = self.contested.get(&id.node) {
+            if held == id && now_ms.saturating_sub(*last) < CONTESTED_NOTICE_MS {
+                return;
+            }
+        }
+        if self.contested.len() >= self.config.max_tracked_down
+            && !self.contested.contains_key(&id.node)
+        {
+            let oldest = self
+                .contested
+                .iter()
+                .min_by_key(|(node, (_, t))| (*t, (*node).clone()))
+                .map(|(node, _)| node.clone());
+            if let Some(node) = oldest {
+                self.contested.remove(&node);
+            }
+        }
+        self.contested.insert(id.node.clone(), (id.clone(), now_ms));
+        if self.transmits.len() >= self.config.max_pending_transmits {
+            self.counters.transmit_overflow += 1;
+            return;
+        }
+        let notice =
+            super::forge::swim_datagram(&self.identity, id, foca::Message::TurnUndead, &[]);
+        self.counters.contested_down_notices += 1;
+        self.transmits.push_back((id.addr, notice));
     }
 
     /// foca renewed our identity after the cluster declared us down. Its state was formed

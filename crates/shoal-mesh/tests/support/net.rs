@@ -175,6 +175,9 @@ pub struct Slot<M> {
     life: u64,
     /// Every packet to or from this node is dropped while set.
     pub isolated: bool,
+    /// Which side of a [`Net::split`] this node is on (0 when there is none): packets pass
+    /// only between nodes on the same side.
+    side: u8,
     /// Stream messages to and from this node are dropped until this time.
     cut_streams_until: u64,
 }
@@ -251,6 +254,7 @@ impl<M: Machine> Net<M> {
             crashed: false,
             life: 0,
             isolated: false,
+            side: 0,
             cut_streams_until: 0,
         });
         i
@@ -300,10 +304,19 @@ impl<M: Machine> Net<M> {
         self.nodes[i].isolated = true;
     }
 
-    /// Ends every isolation.
+    /// Cuts `minority` off from every other node (both sides keep talking among themselves)
+    /// until [`Net::heal`].
+    pub fn split(&mut self, minority: &[usize]) {
+        for &i in minority {
+            self.nodes[i].side = 1;
+        }
+    }
+
+    /// Ends every isolation and split.
     pub fn heal(&mut self) {
         for n in &mut self.nodes {
             n.isolated = false;
+            n.side = 0;
         }
     }
 
@@ -347,6 +360,7 @@ impl<M: Machine> Net<M> {
                 Some(j) => {
                     !self.passes(i, channel, true)
                         || !self.passes(j, channel, false)
+                        || self.nodes[i].side != self.nodes[j].side
                         || (channel == Channel::Datagram && self.rng.chance(self.loss))
                 }
             };
@@ -419,7 +433,10 @@ impl<M: Machine> Net<M> {
                 channel,
                 bytes,
             } => {
-                if !self.passes(to, channel, false) || !self.passes(from, channel, true) {
+                if !self.passes(to, channel, false)
+                    || !self.passes(from, channel, true)
+                    || self.nodes[to].side != self.nodes[from].side
+                {
                     return;
                 }
                 let from = self.nodes[from].addr;
