@@ -622,16 +622,8 @@ impl Membership {
         }
         self.active.remove(&id.node);
         self.member_buckets[member_bucket(&id.node)] ^= member_fingerprint(id);
-        if self.down.len() >= self.config.max_tracked_down {
-            let oldest = self
-                .down
-                .iter()
-                .min_by_key(|(node, (_, since))| (*since, (*node).clone()))
-                .map(|(node, _)| node.clone());
-            if let Some(node) = oldest {
-                self.down.remove(&node);
-                self.counters.down_evicted += 1;
-            }
+        if self.down.len() >= self.config.max_tracked_down && evict_oldest(&mut self.down) {
+            self.counters.down_evicted += 1;
         }
         self.down.insert(id.node.clone(), (id.clone(), now_ms));
         self.book_down(now_ms, id);
@@ -642,4 +634,14 @@ impl Membership {
         );
         self.push_event(MembershipEvent::Down(id.clone()));
     }
+}
+
+/// Removes the entry with the oldest time (ties: the lowest node id) from a map of nodes to
+/// `(identity, ms)`; `false` when it was empty. Bounds the down list and the contested downs.
+pub(super) fn evict_oldest(map: &mut BTreeMap<NodeId, (MemberId, u64)>) -> bool {
+    let oldest = map
+        .iter()
+        .min_by_key(|(node, (_, t))| (*t, (*node).clone()))
+        .map(|(node, _)| node.clone());
+    oldest.is_some_and(|node| map.remove(&node).is_some())
 }

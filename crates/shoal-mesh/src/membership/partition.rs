@@ -84,14 +84,7 @@ impl Membership {
         if self.contested.len() >= self.config.max_tracked_down
             && !self.contested.contains_key(&id.node)
         {
-            let oldest = self
-                .contested
-                .iter()
-                .min_by_key(|(node, (_, t))| (*t, (*node).clone()))
-                .map(|(node, _)| node.clone());
-            if let Some(node) = oldest {
-                self.contested.remove(&node);
-            }
+            super::evict_oldest(&mut self.contested);
         }
         self.contested.insert(id.node.clone(), (id.clone(), now_ms));
         if self.transmits.len() >= self.config.max_pending_transmits {
