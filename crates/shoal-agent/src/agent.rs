@@ -181,6 +181,7 @@ pub async fn run_until(
             down: crate::state::DownNodes::of(&mesh),
             ejections: Default::default(),
             apply_times: Default::default(),
+            generation: crate::state::View::next_generation(),
         }),
         view_writer: Mutex::new(()),
         persisted: Mutex::new(Default::default()),

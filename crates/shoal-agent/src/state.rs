@@ -95,9 +95,21 @@ pub struct View {
     pub ejections: Arc<HashMap<(InstanceId, Generation), u64>>,
     /// When this agent applied each endpoint's current lifecycle record.
     pub apply_times: ApplyTimes,
+    /// Unique in the process ([`View::next_generation`]; every [`Shared::update_view`] takes
+    /// a new one), so two reads that see the same generation see the same view, even with
+    /// several agents in one process (tests): readers cache what they render by this number.
+    pub generation: u64,
 }
 
+/// The last generation handed out by [`View::next_generation`].
+static VIEW_GENERATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 impl View {
+    /// A generation no view of this process has had (starts at 1: 0 is a default view's).
+    pub fn next_generation() -> u64 {
+        VIEW_GENERATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
+    }
+
     /// Liveness as the API judges it at `now_ms`: SWIM's down nodes plus the local ejections.
     pub fn liveness(&self, now_ms: u64) -> ViewLiveness<'_, &DownNodes> {
         ViewLiveness {
@@ -235,6 +247,7 @@ impl Shared {
         let _writer = self.view_writer.lock().expect("view writer");
         let mut v = View::clone(&self.view.load());
         f(&mut v);
+        v.generation = View::next_generation();
         self.view.store(Arc::new(v));
     }
 

@@ -13,10 +13,18 @@
 //!
 //! `cargo bench -p shoal-cli --bench agent [-- RATES [SECONDS [ROUNDS]]]`: RATES is a
 //! comma-separated list of offered req/s (default `2000,10000`), SECONDS per run (default 5),
-//! ROUNDS per rate and target (default 2). `BENCH_CONNS` sets the connections (default 4);
+//! ROUNDS per rate and target (default 2). `BENCH_CONNS` sets the connections (default 4),
+//! `BENCH_SERVICES` the services the mix cycles over (default all 2,000; e.g. 20 for one
+//! caller's working set, which the agent's rendered-array reuse serves from memory);
 //! `SHOAL_BIN` runs another `shoal` binary instead of this tree's; `SHOAL_BASELINE` runs a
 //! second agent from another build (e.g. of main) beside it, loaded alike and measured in the
 //! same rounds, so old and new are compared under the same machine load.
+//!
+//! `BENCH_PIN=LOAD:SERVER` (taskset CPU lists, e.g. `0:1`) pins the load generator's threads to
+//! `LOAD` and every server (each agent's threads, nginx's master and workers) to `SERVER`, so
+//! on a small machine the generator's own wake-ups do not queue behind the server under test
+//! and the tail measured is the server's. Both targets get the same CPUs, so the comparison
+//! stays side by side.
 
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -122,6 +130,21 @@ fn cpu_ticks(pid: u32) -> u64 {
     let children =
         std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
     one(&pid.to_string()) + children.split_whitespace().map(one).sum::<u64>()
+}
+
+/// Pins `pid`, all its threads and its direct children's (nginx's workers) to `cpus` (a
+/// taskset CPU list). Panics when taskset fails: a pinned run that is not pinned would mislead.
+fn pin(pid: u32, cpus: &str) {
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    for p in std::iter::once(pid.to_string()).chain(children.split_whitespace().map(String::from)) {
+        let ok = Command::new("taskset")
+            .args(["-a", "-p", "-c", cpus, &p])
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "taskset -a -p -c {cpus} {p} failed");
+    }
 }
 
 /// The machine's load averages (1, 5, 15 min) from `/proc/loadavg`: the machine is shared, so
@@ -308,6 +331,17 @@ fn main() {
     let mut targets: Vec<&Target> = agents.iter().map(|(_, t)| t).collect();
     if let Some((_, n)) = &nginx {
         targets.push(n);
+    }
+    if let Ok(spec) = std::env::var("BENCH_PIN") {
+        let (load_cpus, server_cpus) = spec
+            .split_once(':')
+            .expect("BENCH_PIN=LOAD_CPUS:SERVER_CPUS, e.g. 0:1");
+        for t in &targets {
+            pin(t.pid, server_cpus);
+        }
+        // Threads the generator starts from now on inherit this.
+        pin(std::process::id(), load_cpus);
+        println!("pinned: load generator on CPUs {load_cpus}, servers on CPUs {server_cpus}");
     }
     for t in &targets {
         let mut c = Conn::new(&t.socket);

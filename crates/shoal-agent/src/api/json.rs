@@ -192,7 +192,8 @@ pub(super) struct EndpointsAnswer<'a> {
     pub(super) key: &'a ServiceKey,
     pub(super) modify_index: u64,
     pub(super) catalog_index: u64,
-    pub(super) endpoints: Vec<EndpointOut<'a>>,
+    /// The rendered array (api/rendered.rs: reused across reads of one view).
+    pub(super) endpoints: &'a serde_json::value::RawValue,
 }
 
 impl Serialize for EndpointsAnswer<'_> {

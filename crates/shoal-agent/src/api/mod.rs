@@ -28,6 +28,7 @@ mod json;
 mod query;
 mod reads;
 mod register;
+mod rendered;
 mod rng;
 mod writes;
 

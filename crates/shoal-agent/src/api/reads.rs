@@ -114,20 +114,36 @@ pub(super) async fn endpoints(
     let view = shared.view.load();
     let liveness = view.liveness(shared.now_ms());
     let service = view.catalog.service(&key);
-    let endpoints = service
-        .into_iter()
-        .flat_map(|s| s.instances.values())
-        .filter(|e| e.lifecycle().record.state != LifecycleState::Expired)
-        .map(|e| EndpointOut::of(&key, e, &liveness, &view.apply_times))
-        .filter(|e| q.matches_parts(e.state(), &e.record().region, &e.record().endpoint))
-        .collect();
+    let render = || {
+        let endpoints: Vec<EndpointOut<'_>> = service
+            .into_iter()
+            .flat_map(|s| s.instances.values())
+            .filter(|e| e.lifecycle().record.state != LifecycleState::Expired)
+            .map(|e| EndpointOut::of(&key, e, &liveness, &view.apply_times))
+            .filter(|e| q.matches_parts(e.state(), &e.record().region, &e.record().endpoint))
+            .collect();
+        serde_json::value::to_raw_value(&endpoints)
+    };
+    let endpoints = if q.is_unfiltered() && rendered::cacheable(&view) {
+        rendered::endpoints_array(&view, &key, render)
+    } else {
+        render().map(std::rc::Rc::from)
+    };
+    let endpoints = endpoints.map_err(|e| {
+        // Only a Serialize impl can fail here (writing to a String cannot).
+        tracing::error!(error = %e, "endpoints not serialisable");
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            json!({"error": "endpoints not serialisable", "reason": "internal"}),
+        )
+    })?;
     let answer = EndpointsAnswer {
         fresh,
         index,
         key: &key,
         modify_index: service.map_or(0, |s| s.modify_index),
         catalog_index: view.catalog.index(),
-        endpoints,
+        endpoints: &endpoints,
     };
     Ok(json_answer(index, fresh.stale, StatusCode::OK, &answer))
 }

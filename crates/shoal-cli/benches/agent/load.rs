@@ -68,9 +68,21 @@ impl Conn {
     }
 }
 
-/// The request mix: alternately the endpoints list and a pick, over all services.
+/// Services the request mix cycles over: `BENCH_SERVICES` (a caller's working set), default
+/// all of them.
+fn services_in_mix() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("BENCH_SERVICES")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .map_or(SERVICES, |n: usize| n.clamp(1, SERVICES))
+    })
+}
+
+/// The request mix: alternately the endpoints list and a pick, over the services in the mix.
 pub fn path(i: usize) -> String {
-    let svc = i % SERVICES;
+    let svc = i % services_in_mix();
     if i.is_multiple_of(2) {
         format!("/v1/services/prod/svc-{svc}/http/endpoints")
     } else {
