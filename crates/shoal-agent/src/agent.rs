@@ -306,7 +306,18 @@ fn bind_socket(
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("socket dir {}", dir.display()))?;
     }
-    if path.exists() {
+    // lstat: a symlink at the path is itself replaced, never followed.
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        use std::os::unix::fs::FileTypeExt;
+        let kind = meta.file_type();
+        if !(kind.is_socket() || kind.is_symlink()) {
+            // A mistyped `socket =` must not delete someone's file.
+            bail!(
+                "socket path {} exists and is not a socket: refusing to replace it (remove it or \
+                 choose another path)",
+                path.display()
+            );
+        }
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
             bail!("socket {} is in use by another agent", path.display());
         }
@@ -603,5 +614,30 @@ async fn on_probe_signal(
         ProbeSignal::LivenessPassing => {
             tracing::info!(%key, %instance, "liveness probe passing");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_socket_path_that_is_a_regular_file_is_refused_and_the_file_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("important.txt");
+        std::fs::write(&path, "important data").unwrap();
+        let err = bind_socket(&path, 0o660, None).unwrap_err();
+        assert!(err.to_string().contains("is not a socket"), "{err:#}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "important data");
+    }
+
+    #[tokio::test]
+    async fn a_stale_socket_nobody_listens_on_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.sock");
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        assert!(std::os::unix::net::UnixStream::connect(&path).is_err());
+        let _l = bind_socket(&path, 0o660, None).unwrap();
+        assert!(std::os::unix::net::UnixStream::connect(&path).is_ok());
     }
 }

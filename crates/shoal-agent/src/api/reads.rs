@@ -124,7 +124,7 @@ pub(super) async fn endpoints(
             .collect();
         serde_json::value::to_raw_value(&endpoints)
     };
-    let endpoints = if q.is_unfiltered() && rendered::cacheable(&view) {
+    let endpoints = if q.is_unfiltered() && rendered::cacheable(&view, &key) {
         rendered::endpoints_array(&view, &key, render)
     } else {
         render().map(std::rc::Rc::from)

@@ -17,7 +17,8 @@ use shoal_proto::ServiceKey;
 
 use crate::state::View;
 
-/// Bound of the rendered arrays one worker thread holds (bytes of JSON). Past it, new arrays
+/// Bound of the rendered arrays one worker thread holds (bytes of JSON, plus each key and
+/// [`ENTRY_OVERHEAD_BYTES`] per entry). Past it, new arrays
 /// are rendered for each read and not kept until the view changes. A 16-endpoint array is
 /// ~6.7 kB, so this keeps ~300 services per thread, first come: a caller's working set, not a
 /// region's 2,000 (~13 MB, which would double an agent's RSS budget of 64 MiB with 2 workers).
@@ -36,9 +37,15 @@ thread_local! {
     static RENDERED: RefCell<Rendered> = RefCell::new(Rendered::default());
 }
 
-/// Whether the unfiltered array of `view` may be reused: no ejection (which lapses with time).
-pub(super) fn cacheable(view: &View) -> bool {
-    view.ejections.is_empty()
+/// Bytes an entry is charged beyond its JSON: the map slot, the `Rc` header and the key's
+/// heap parts (a rough upper bound; the bound is on memory, not on JSON alone).
+const ENTRY_OVERHEAD_BYTES: usize = 128;
+
+/// Whether the unfiltered array of `key` in `view` may be reused: the catalog holds the
+/// service (a caller cannot fill the cache with made-up names: the kept keys are bounded by
+/// the catalog's services) and no ejection is held (an ejection lapses with time).
+pub(super) fn cacheable(view: &View, key: &ServiceKey) -> bool {
+    view.ejections.is_empty() && view.catalog.service(key).is_some()
 }
 
 /// The rendered unfiltered `endpoints` array of `key` in `view`: this thread's copy if it has
@@ -62,7 +69,7 @@ pub(super) fn endpoints_array(
             return Ok(a.clone());
         }
         let a: Rc<RawValue> = Rc::from(render()?);
-        let len = a.get().len();
+        let len = a.get().len() + key.to_string().len() + ENTRY_OVERHEAD_BYTES;
         if r.bytes + len <= MAX_RENDERED_BYTES_PER_THREAD {
             r.bytes += len;
             r.arrays.insert(key.clone(), a.clone());
@@ -100,13 +107,11 @@ mod tests {
             generation: 42,
             ..View::default()
         };
-        // One byte under the bound: a is kept, and no 3-byte array fits beside it.
-        let big = format!(
-            "[{}1]",
-            "1,".repeat((MAX_RENDERED_BYTES_PER_THREAD - 4) / 2)
-        );
-        assert_eq!(big.len(), MAX_RENDERED_BYTES_PER_THREAD - 1);
         let a: ServiceKey = "prod/a/http".parse().unwrap();
+        // a is kept, and no 3-byte array fits beside it.
+        let room = MAX_RENDERED_BYTES_PER_THREAD - ENTRY_OVERHEAD_BYTES - a.to_string().len();
+        let big = format!("[{}1]", "1,".repeat((room - 3) / 2));
+        assert!(big.len() <= room && big.len() + 3 + ENTRY_OVERHEAD_BYTES > room);
         let b: ServiceKey = "prod/b/http".parse().unwrap();
         endpoints_array(&view, &a, || raw(&big)).unwrap();
         let mut renders = 0;
@@ -123,5 +128,29 @@ mod tests {
             "b does not fit beside a, so each read renders it"
         );
         endpoints_array(&view, &a, || panic!("a was kept")).unwrap();
+    }
+
+    #[test]
+    fn only_services_the_catalog_holds_are_kept_and_none_while_an_ejection_is_held() {
+        use shoal_proto::{Generation, InstanceId, LifecycleState};
+        let fx = shoal_catalog::testkit::Fixture::new();
+        let mut view = View::default();
+        let rec = fx.lifecycle("web-1", 1, 1, LifecycleState::Ready);
+        let merged = view
+            .catalog
+            .apply_lifecycle(std::sync::Arc::new(rec), &fx.keyring);
+        assert_eq!(merged, shoal_catalog::MergeOutcome::Applied);
+        let unknown: ServiceKey = "prod/made-up/http".parse().unwrap();
+        assert!(cacheable(&view, &fx.key));
+        assert!(
+            !cacheable(&view, &unknown),
+            "made-up names would fill the cache"
+        );
+        view.ejections = std::sync::Arc::new(
+            [((InstanceId::new("web-1").unwrap(), Generation(1)), 500)]
+                .into_iter()
+                .collect(),
+        );
+        assert!(!cacheable(&view, &fx.key), "an ejection lapses with time");
     }
 }
