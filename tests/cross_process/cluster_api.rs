@@ -83,6 +83,29 @@ fn blocking_query_wakes_on_change_and_bad_input_is_refused() {
     let (code, v) = a.get(&format!("{SVC}/pick")).unwrap();
     assert_eq!(code, 200, "{v}");
     assert_eq!(v["endpoint"]["instance"], "web-1");
+    // A report naming another generation than the catalog's is refused and ejects nothing
+    // (each would otherwise take a slot of the node-wide ejection table).
+    let g = v["endpoint"]["generation"].as_u64().unwrap();
+    let (code, v) = a
+        .post(
+            &format!("{SVC}/report"),
+            &format!(
+                "{{\"instance\":\"web-1\",\"outcome\":\"timeout\",\"generation\":{}}}",
+                g + 1_000
+            ),
+        )
+        .unwrap();
+    assert_eq!(
+        (code, v["reason"].as_str(), v["generation"].as_u64()),
+        (409, Some("generation_mismatch"), Some(g)),
+        "{v}"
+    );
+    let (code, v) = a.get(&format!("{SVC}/pick")).unwrap();
+    assert_eq!(
+        (code, v["endpoint"]["instance"].as_str()),
+        (200, Some("web-1")),
+        "{v}"
+    );
     let (code, _) = a
         .post(
             &format!("{SVC}/report"),

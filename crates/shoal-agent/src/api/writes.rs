@@ -121,10 +121,34 @@ pub(super) async fn report_inner(
         }
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
-            json!({"error": "unknown instance", "instance": instance.as_str()}),
+            json!({"error": "unknown instance", "reason": "unknown_instance", "instance": instance.as_str()}),
         ));
     };
-    let generation = b.generation.map_or(generation, shoal_proto::Generation);
+    // Only the generation the catalog holds can be ejected: any other would take a slot of
+    // the node-wide ejection table and change no routing (QA: a caller filled the table with
+    // made-up generations and so disabled every other service's reports).
+    if let Some(named) = b.generation.filter(|g| *g != generation.0) {
+        if named < generation.0 {
+            // A call to a replaced process.
+            counter!("shoal_requests_to_removed_endpoints_total").increment(1);
+            if failed {
+                counter!("shoal_stale_endpoint_failures_total").increment(1);
+            }
+        }
+        crate::metrics::rejected("api", "generation_mismatch");
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            json!({
+                "error": format!(
+                    "instance `{instance}` is at generation {} here, not {named}: only the current generation can be reported",
+                    generation.0
+                ),
+                "reason": "generation_mismatch",
+                "instance": instance.as_str(),
+                "generation": generation.0,
+            }),
+        ));
+    }
     if !routable || crate::driver::is_withdrawn(state) {
         counter!("shoal_requests_to_removed_endpoints_total").increment(1);
         if failed {
