@@ -701,6 +701,16 @@ pub fn validate(raw: AgentConfig) -> Result<Validated, ConfigError> {
     if raw.trust.node_keys.is_some() {
         return Err(invalid("trust.node_keys", NODE_KEYS_REMOVED));
     }
+    if authority_keys.is_empty() && !raw.trust.dev_authority && !raw.authority.dev {
+        // Without a key every record is refused: the agent would join, report ready and
+        // serve an empty catalog (QA found exactly that, with no warning).
+        return Err(invalid(
+            "trust.authority_keys",
+            "no authority key to trust: set [trust] authority_keys (the region authority's \
+             public key, which `shoal authority keygen` printed) or, for development only, \
+             [trust] dev_authority = true",
+        ));
+    }
     if !raw.authority.dev && raw.authority.addresses.is_empty() {
         tracing::warn!("no [authority] addresses and no dev authority: lifecycle calls will fail");
     }
@@ -832,5 +842,35 @@ dev = true
             "{}",
             err(&granted)
         );
+    }
+
+    #[test]
+    fn an_agent_that_trusts_no_authority_key_is_refused() {
+        let none = BASE
+            .replace("[trust]\ndev_authority = true\n", "[trust]\n")
+            .replace("[authority]\ndev = true\n", "[authority]\n");
+        let err = validate(toml::from_str(&none).unwrap())
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("trust.authority_keys"), "{err}");
+        // Any one of the three is enough.
+        let region = "dev".parse().unwrap();
+        let key: String = crate::dev_authority::dev_key(&region)
+            .verifying_key()
+            .to_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        for ok in [
+            none.replace("[trust]\n", "[trust]\ndev_authority = true\n"),
+            none.replace("[authority]\n", "[authority]\ndev = true\n"),
+            none.replace(
+                "[trust]\n",
+                &format!("[trust]\nauthority_keys = [\"{key}\"]\n"),
+            ),
+        ] {
+            validate(toml::from_str(&ok).unwrap()).unwrap();
+        }
     }
 }
