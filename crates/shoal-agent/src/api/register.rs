@@ -190,18 +190,27 @@ pub(super) fn check_address(
     };
     match holder {
         None => Ok(()),
-        Some((k, i, uid)) => Err(forbidden(
-            shared,
-            who,
-            "register",
-            Denied {
-                code: "address_in_use",
-                reason: format!(
-                    "address {addr} is registered by instance `{i}` of {k}, owned by uid {uid}; uid {} may not register it (needs orchestrator/admin)",
-                    who.uid
-                ),
-            },
-        )),
+        Some((k, i, uid)) => {
+            // Name the holder only to a caller who may read its service (reads may be
+            // granted per service); the refusal itself must still say the address is taken.
+            let holder = if shared.cfg.access.allows(who, Action::Read, &k) {
+                format!("instance `{i}` of {k}, owned by uid {uid}")
+            } else {
+                "another owner's instance".to_owned()
+            };
+            Err(forbidden(
+                shared,
+                who,
+                "register",
+                Denied {
+                    code: "address_in_use",
+                    reason: format!(
+                        "address {addr} is registered by {holder}; uid {} may not register it (needs orchestrator/admin)",
+                        who.uid
+                    ),
+                },
+            ))
+        }
     }
 }
 
