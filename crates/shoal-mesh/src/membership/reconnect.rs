@@ -236,13 +236,7 @@ impl Membership {
         if self.defunct {
             return;
         }
-        let active: BTreeSet<SocketAddr> = self.active.values().map(|m| m.addr).collect();
-        let mut due: Vec<(u64, SocketAddr)> = self
-            .book
-            .iter()
-            .filter(|(a, k)| k.next_try_ms <= now_ms && !active.contains(*a))
-            .map(|(a, k)| (k.next_try_ms, *a))
-            .collect();
+        let mut due = self.due_addresses(now_ms);
         due.sort_unstable();
         due.truncate(self.config.reconnect_per_tick);
         for (_, addr) in due {
@@ -263,6 +257,38 @@ impl Membership {
             }
         }
         self.arm_reconnect(now_ms);
+    }
+
+    /// Book addresses whose backoff has expired at `now_ms` and where no member is active,
+    /// as `(next_try_ms, addr)` in address order.
+    ///
+    /// Runs every tick while the book is not empty (a member that died stays in it until a
+    /// member is active at its address again), so it must not cost O(members) when nothing is
+    /// due: it filters the book first
+    /// and passes over the active members only when some address is due, without building a
+    /// set of all their addresses. That set, built on every tick of every agent, was ~9% of
+    /// the simulator's CPU in `reference/small/crash` and about a third in `reference/crash`
+    /// (1,667 members per agent).
+    fn due_addresses(&self, now_ms: u64) -> Vec<(u64, SocketAddr)> {
+        // The book iterates in address order, so `due` is sorted by address for the search.
+        let mut due: Vec<(u64, SocketAddr)> = self
+            .book
+            .iter()
+            .filter(|(_, k)| k.next_try_ms <= now_ms)
+            .map(|(a, k)| (k.next_try_ms, *a))
+            .collect();
+        if due.is_empty() {
+            return due;
+        }
+        let mut occupied = vec![false; due.len()];
+        for m in self.active.values() {
+            if let Ok(i) = due.binary_search_by(|(_, a)| a.cmp(&m.addr)) {
+                occupied[i] = true;
+            }
+        }
+        let mut occupied = occupied.into_iter();
+        due.retain(|_| !occupied.next().unwrap_or(false));
+        due
     }
 }
 
@@ -346,6 +372,42 @@ mod tests {
         let mut again = member("10.0.0.1:7000");
         again.restore_known(0, &[entry]);
         assert_eq!(knocks(&mut again, far, 600_000), sent);
+    }
+
+    #[test]
+    fn a_due_address_with_an_active_member_is_not_knocked_on() {
+        let far: SocketAddr = "10.0.0.9:7000".parse().expect("addr");
+        let peer = MemberId {
+            node: NodeId::new("peer").expect("valid"),
+            addr: "10.0.0.2:7000".parse().expect("addr"),
+            boot: Generation(1),
+        };
+        let mut m = member("10.0.0.1:7000");
+        m.join(0, &[peer.addr]);
+        m.bootstrap(0, vec![peer.clone()]);
+        m.restore_known(
+            0,
+            &[KnownAddress {
+                addr: far,
+                node: None,
+                seed: false,
+                unseen_for_ms: 0,
+            }],
+        );
+        // The seed stays in the book and falls due with the restored address at 1 s, but a
+        // member is active there. Until 3 s: before the silent peer can be declared down.
+        let sent = knocks(&mut m, far, 3_000);
+        assert_eq!(m.num_known(), 2, "the seed and the restored address");
+        assert!(
+            m.members().any(|id| *id == peer),
+            "the peer is still active"
+        );
+        assert!(!sent.is_empty());
+        assert_eq!(
+            m.counters().reconnect_announces,
+            sent.len() as u64,
+            "only the restored address was knocked on"
+        );
     }
 
     #[test]
