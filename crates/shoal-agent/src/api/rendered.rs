@@ -5,8 +5,8 @@
 //! unfiltered read is a function of the view alone when no endpoint is ejected (an ejection
 //! lapses with time, so then every read renders afresh), so each worker thread keeps the arrays
 //! it rendered for the current view's [`View::generation`] and drops them all when a newer
-//! view appears. Thread-local, so reads take no lock and share nothing; the price is that each worker may
-//! hold its own copy, bounded by [`MAX_RENDERED_BYTES_PER_THREAD`].
+//! view appears. Thread-local, so reads take no lock and share nothing; the price is that
+//! each worker may hold its own copy, bounded by [`MAX_RENDERED_BYTES_PER_THREAD`].
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -18,8 +18,8 @@ use shoal_proto::ServiceKey;
 use crate::state::View;
 
 /// Bound of the rendered arrays one worker thread holds (bytes of JSON, plus each key and
-/// [`ENTRY_OVERHEAD_BYTES`] per entry). Past it, new arrays
-/// are rendered for each read and not kept until the view changes. A 16-endpoint array is
+/// [`ENTRY_OVERHEAD_BYTES`] per entry). Past it, new arrays are rendered for each read and
+/// not kept until the view changes. A 16-endpoint array is
 /// ~6.7 kB, so this keeps ~300 services per thread, first come: a caller's working set, not a
 /// region's 2,000 (~13 MB, which would double an agent's RSS budget of 64 MiB with 2 workers).
 pub const MAX_RENDERED_BYTES_PER_THREAD: usize = 2 << 20;
@@ -28,7 +28,7 @@ pub const MAX_RENDERED_BYTES_PER_THREAD: usize = 2 << 20;
 struct Rendered {
     /// The view generation the arrays belong to.
     generation: u64,
-    /// Sum of the arrays' lengths.
+    /// What the kept arrays are charged: JSON, keys and per-entry overhead.
     bytes: usize,
     arrays: HashMap<ServiceKey, Rc<RawValue>>,
 }
