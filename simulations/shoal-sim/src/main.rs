@@ -14,6 +14,17 @@ use shoal_sim::shoal::ShoalHarness;
 use shoal_sim::sweep::{self, SeedResult, Sweep};
 use shoal_sim::testkit::{PingConfig, PingHarness};
 
+/// jemalloc instead of glibc malloc. Each agent's catalog is a set of persistent maps
+/// (`imbl::OrdMap`, ADR 0005) and every applied record path-copies a few of their nodes, so a
+/// reference run allocates and frees small blocks at a very high rate, and glibc keeps handing
+/// the heap top back to the kernel and faulting it in again. Measured on a 26 virtual s cut of
+/// `reference/rollout` (5,001 agents), seed 1, report byte-identical: user CPU 132.6 -> 103.5 s,
+/// 0.196 -> 0.251 virtual s per wall s, peak RSS 8.43 -> 8.67 GB; mimalloc was as fast with
+/// 9.39 GB (docs/benchmarks/simulator.md, session 8). Addresses never reach a report, so the
+/// allocator cannot change one.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser)]
 #[command(name = "shoal-sim", about = "Deterministic simulator for shoal")]
 struct Cli {
