@@ -500,6 +500,12 @@ impl Catalog {
         self.entries
     }
 
+    /// Number of owner nodes with a health head or health records here (an owner is added on
+    /// the first health record or head observed for it, and never removed).
+    pub fn owner_count(&self) -> usize {
+        self.owners.len()
+    }
+
     /// True when nothing is held.
     pub fn is_empty(&self) -> bool {
         self.entries == 0
