@@ -137,11 +137,13 @@ const SHARE_MS: u64 = 1_000;
 /// reference agent, then each catalog's index (bumped by every stored or removed record), entry
 /// count (changed by garbage collection, which bumps no index) and owner count (an owner's
 /// empty health index appears when a head is first observed, which bumps no index either).
-type ShareMark = (u32, [usize; 3], [usize; 3]);
+/// Each side also carries its agent's boot epoch: a restarted agent holds a new catalog.
+type ShareMark = (u32, [usize; 4], [usize; 4]);
 
-fn share_mark(first: u32, own: &Catalog, reference: &Catalog) -> ShareMark {
-    let counts = |c: &Catalog| [c.index() as usize, c.len(), c.owner_count()];
-    (first, counts(own), counts(reference))
+fn share_mark(first: (u32, u32), own: (u32, &Catalog), reference: &Catalog) -> ShareMark {
+    let counts =
+        |epoch: u32, c: &Catalog| [epoch as usize, c.index() as usize, c.len(), c.owner_count()];
+    (first.0, counts(own.0, own.1), counts(first.1, reference))
 }
 
 /// Memory only: every live agent of each region swaps its catalog maps that equal the first
@@ -168,9 +170,11 @@ fn share_catalogs(
         else {
             continue;
         };
+        let first = (first, world.epoch(first));
         for i in nodes {
+            let epoch = world.epoch(i);
             world.with_node(i, |n, _| {
-                let mark = share_mark(first, n.mesh.catalog(), &reference);
+                let mark = share_mark(first, (epoch, n.mesh.catalog()), &reference);
                 let slot = &mut marks[i as usize];
                 if *slot != Some(mark) {
                     swapped += n.mesh.share_catalog_maps(&reference) as u64;
