@@ -79,6 +79,7 @@ pub async fn run_until(
     tc.advertise = raw.advertise;
     tc.max_stream_message_bytes = cfg.mesh.max_stream_message_bytes;
     let (transport, inbound) = Transport::bind(tc).context("transport")?;
+    let quic = transport.quic_counters_handle();
     if transport.identity().node_id != cfg.node_id {
         bail!(
             "certificate is for node `{}`, config says `{}`",
@@ -252,7 +253,10 @@ pub async fn run_until(
             .with_context(|| format!("metrics listener {addr}"))?;
         let app = axum::Router::new().route(
             "/metrics",
-            axum::routing::get(|| async { crate::metrics::render() }),
+            axum::routing::get(move || {
+                let quic = quic.clone();
+                async move { crate::metrics::render(&quic) }
+            }),
         );
         tasks.push(tokio::spawn(async move {
             let _ = axum::serve(l, app).await;

@@ -45,7 +45,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use shoal_catalog::Keyring;
 use shoal_mesh::Mesh;
 use shoal_proto::envelope::MessageKind;
-use shoal_transport::transport::TransportCounters;
+use shoal_transport::transport::{QuicCounters, QuicCountersHandle, TransportCounters};
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
@@ -71,9 +71,27 @@ pub fn install() -> Option<PrometheusHandle> {
 /// Renders the text exposition, sampling the `process_*` gauges from `/proc/self` first (at
 /// scrape time only: sampling them on every driver tick cost ~30 syscalls a second on an idle
 /// agent, issue 19).
-pub fn render() -> String {
+///
+/// The QUIC packet and frame counters are read from `quic` here too: reading them locks every
+/// live connection once, which a scrape can afford and a timer would pay for all the time.
+pub fn render(quic: &QuicCountersHandle) -> String {
     crate::metrics_describe::record_process();
+    export_quic(&quic.read());
     install().map(|h| h.render()).unwrap_or_default()
+}
+
+fn export_quic(q: &QuicCounters) {
+    counter!("shoal_quic_packets_total", "dir" => "out").absolute(q.packets_out);
+    counter!("shoal_quic_packets_total", "dir" => "in").absolute(q.packets_in);
+    for (kind, n) in [
+        ("ack", q.ack_frames_out),
+        ("ping", q.ping_frames_out),
+        ("datagram", q.datagram_frames_out),
+        ("stream", q.stream_frames_out),
+        ("crypto", q.crypto_frames_out),
+    ] {
+        counter!("shoal_quic_frames_sent_total", "kind" => kind).absolute(n);
+    }
 }
 
 /// Counts one rejected input.
@@ -155,6 +173,15 @@ pub fn export_counters(mesh: &Mesh<Keyring>, transport: &TransportCounters) {
     let t = transport;
     counter!("shoal_transport_handshakes_refused_total").absolute(t.handshakes_refused);
     counter!("shoal_transport_connects_failed_total").absolute(t.connects_failed);
+    counter!("shoal_transport_connections_established_total").absolute(t.connections_established);
+    for (channel, dir, n) in [
+        ("datagram", "in", t.datagrams_in),
+        ("datagram", "out", t.datagrams_out),
+        ("stream", "in", t.stream_msgs_in),
+        ("stream", "out", t.stream_msgs_out),
+    ] {
+        counter!("shoal_transport_messages_total", "channel" => channel, "dir" => dir).absolute(n);
+    }
     counter!("shoal_transport_bytes_total", "dir" => "in").absolute(t.bytes_in);
     counter!("shoal_transport_bytes_total", "dir" => "out").absolute(t.bytes_out);
     counter!("shoal_transport_dropped_total", "why" => "oversize").absolute(t.oversize_dropped);

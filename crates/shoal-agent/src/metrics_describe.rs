@@ -63,9 +63,13 @@ const COUNTERS: &[(&str, &str)] = &[
     ("shoal_members_file_refused_total", "Persisted address books (members.json) refused as torn or malformed; the agent started from its seeds."),
     ("shoal_swim_updates_deduplicated_total", "Repeated SWIM updates dropped before foca."),
     ("shoal_tls_reloads_total", "TLS material reloads on SIGHUP, by result (ok, error)."),
+    ("shoal_quic_frames_sent_total", "QUIC frames sent, by kind (ack, ping, datagram, stream, crypto), over all connections; read at scrape time."),
+    ("shoal_quic_packets_total", "UDP packets of the QUIC transport, by direction, over all connections; read at scrape time."),
     ("shoal_transport_bytes_total", "QUIC transport bytes by direction."),
     ("shoal_transport_connects_failed_total", "QUIC connection attempts that failed."),
+    ("shoal_transport_connections_established_total", "QUIC connections established, dialled or accepted: each one cost a TLS 1.3 handshake."),
     ("shoal_transport_dropped_total", "QUIC messages dropped, by why (oversize, queue, inbound)."),
+    ("shoal_transport_messages_total", "Messages the QUIC transport sent and received, by channel (datagram, stream) and direction: SWIM, mesh and authority traffic together."),
     ("shoal_transport_handshakes_refused_total", "Inbound QUIC handshakes refused (mTLS verification failed)."),
 ];
 

@@ -56,6 +56,15 @@ async fn datagrams_and_streams_flow_both_ways_on_one_connection() {
     assert_eq!((ca.datagrams_out, ca.datagrams_in), (1, 1));
     assert_eq!((ca.stream_msgs_out, ca.stream_msgs_in), (1, 1));
     assert_eq!(cb.bytes_out, 4 + 200_000);
+    assert_eq!(
+        (ca.connections_established, cb.connections_established),
+        (1, 1),
+        "one handshake, counted on both sides"
+    );
+    let qa = a.quic_counters();
+    assert_eq!(qa.datagram_frames_out, 1, "{qa:?}");
+    assert!(qa.crypto_frames_out > 0, "a's handshake: {qa:?}");
+    assert!(qa.packets_out > 0 && qa.packets_in > 0, "{qa:?}");
 
     a.shutdown().await;
     b.shutdown().await;

@@ -5,6 +5,23 @@
 use super::*;
 
 impl Shared {
+    /// Ended connections' counts plus the live ones' (each live connection's stats locked once).
+    pub(super) fn quic_counters(&self) -> QuicCounters {
+        let links: Vec<Arc<PeerLink>> = {
+            let cache = self.cache.lock().expect("cache lock");
+            cache.peers.values().map(|e| e.link.clone()).collect()
+        };
+        let mut sum = *self.counters.quic_ended.lock().expect("quic lock");
+        for link in links {
+            let slot = live(&link.slot.lock().expect("slot lock"));
+            let extra = live(&link.extra.lock().expect("extra lock"));
+            for c in slot.iter().chain(extra.iter()) {
+                sum.add(&QuicCounters::of(&c.stats()));
+            }
+        }
+        sum
+    }
+
     /// Marks the transport closed, drops the inbound sender, aborts peer tasks, closes the
     /// endpoint. Safe to call more than once.
     pub(super) fn close_now(&self) {
@@ -210,6 +227,7 @@ pub(super) async fn drive(
     tx: mpsc::Sender<Inbound>,
 ) {
     inc(&shared.counters.connections_open);
+    inc(&shared.counters.connections_established);
     let mut closed = shared.closed_tx.subscribe();
     let datagrams = async {
         while let Ok(bytes) = conn.read_datagram().await {
@@ -236,6 +254,13 @@ pub(super) async fn drive(
         .counters
         .connections_open
         .fetch_sub(1, Ordering::Relaxed);
+    let ended = QuicCounters::of(&conn.stats());
+    shared
+        .counters
+        .quic_ended
+        .lock()
+        .expect("quic lock")
+        .add(&ended);
     tracing::debug!(%from, %peer, reason = ?conn.close_reason(), "connection ended");
 }
 

@@ -56,7 +56,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -291,6 +291,73 @@ pub struct TransportCounters {
     pub connections_evicted: u64,
     /// Messages that could not be sent (no connection, stream or datagram error).
     pub send_errors: u64,
+    /// Connections established (completed handshakes, dialled or accepted, identity and
+    /// hello checked). Its rate is the handshake cost: each one is a full TLS 1.3 handshake.
+    pub connections_established: u64,
+}
+
+/// QUIC packet and frame counts of this transport, summed over its connections: quinn's
+/// per-connection statistics, read from the live ones when asked and added from the others
+/// when they end. They say what the UDP packets are for (issue 19: an idle agent's packet
+/// rate is its CPU cost), which the message counters of [`TransportCounters`] cannot: a
+/// keep-alive PING, its ACK, and the ACK-only packet that answers a datagram carry no
+/// message. Monotonic, except that a connection that ends between two reads can be missed
+/// by one of them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QuicCounters {
+    /// UDP datagrams sent (each one QUIC packet, or a few coalesced during a handshake).
+    pub packets_out: u64,
+    /// UDP datagrams received.
+    pub packets_in: u64,
+    /// ACK frames sent, alone or alongside other frames.
+    pub ack_frames_out: u64,
+    /// PING frames sent: keep-alives, loss-detection probes and MTU probes.
+    pub ping_frames_out: u64,
+    /// DATAGRAM frames sent (one per [`Transport::send_datagram`] that reached quinn).
+    pub datagram_frames_out: u64,
+    /// STREAM frames sent (stream messages, hellos, retransmissions).
+    pub stream_frames_out: u64,
+    /// CRYPTO frames sent (TLS handshakes).
+    pub crypto_frames_out: u64,
+}
+
+impl QuicCounters {
+    fn of(stats: &quinn::ConnectionStats) -> Self {
+        Self {
+            packets_out: stats.udp_tx.datagrams,
+            packets_in: stats.udp_rx.datagrams,
+            ack_frames_out: stats.frame_tx.acks,
+            ping_frames_out: stats.frame_tx.ping,
+            datagram_frames_out: stats.frame_tx.datagram,
+            stream_frames_out: stats.frame_tx.stream,
+            crypto_frames_out: stats.frame_tx.crypto,
+        }
+    }
+
+    fn add(&mut self, o: &Self) {
+        self.packets_out += o.packets_out;
+        self.packets_in += o.packets_in;
+        self.ack_frames_out += o.ack_frames_out;
+        self.ping_frames_out += o.ping_frames_out;
+        self.datagram_frames_out += o.datagram_frames_out;
+        self.stream_frames_out += o.stream_frames_out;
+        self.crypto_frames_out += o.crypto_frames_out;
+    }
+}
+
+/// Reads a transport's [`QuicCounters`] from elsewhere (a metrics endpoint) without owning
+/// the transport; reads zeros once the transport is gone.
+#[derive(Debug, Clone)]
+pub struct QuicCountersHandle(Weak<Shared>);
+
+impl QuicCountersHandle {
+    /// The current counts. Locks each live connection once: call it when they are wanted
+    /// (a metrics scrape), not on a timer.
+    pub fn read(&self) -> QuicCounters {
+        self.0
+            .upgrade()
+            .map_or_else(QuicCounters::default, |s| s.quic_counters())
+    }
 }
 
 #[derive(Default)]
@@ -309,6 +376,9 @@ struct Counters {
     connections_open: AtomicU64,
     connections_evicted: AtomicU64,
     send_errors: AtomicU64,
+    connections_established: AtomicU64,
+    /// [`QuicCounters`] of the connections that ended.
+    quic_ended: Mutex<QuicCounters>,
 }
 
 fn inc(c: &AtomicU64) {
@@ -337,6 +407,7 @@ impl Counters {
             connections_open: g(&self.connections_open),
             connections_evicted: g(&self.connections_evicted),
             send_errors: g(&self.send_errors),
+            connections_established: g(&self.connections_established),
         }
     }
 }
@@ -662,6 +733,16 @@ impl Transport {
     /// A snapshot of the counters.
     pub fn counters(&self) -> TransportCounters {
         self.shared.counters.snapshot()
+    }
+
+    /// QUIC packet and frame counts over all connections; see [`QuicCounters`].
+    pub fn quic_counters(&self) -> QuicCounters {
+        self.shared.quic_counters()
+    }
+
+    /// A handle that reads [`Transport::quic_counters`] without owning the transport.
+    pub fn quic_counters_handle(&self) -> QuicCountersHandle {
+        QuicCountersHandle(Arc::downgrade(&self.shared))
     }
 
     /// Number of peers in the connection cache (at most `max_connections`).
