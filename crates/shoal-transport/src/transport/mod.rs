@@ -126,9 +126,22 @@ pub struct TransportConfig {
     /// every datacenter and overlay MTU) lets a 1200-byte datagram through from the first
     /// packet. Lower it to 1200 only on paths with a smaller MTU than 1280.
     pub initial_mtu: u16,
-    /// A connection without traffic for this long is closed (also bounds the handshake).
+    /// A connection without traffic for this long is closed (also bounds the handshake and
+    /// the wait for a dialler's hello). Default 60 s: with keep-alives off, SWIM's own probes
+    /// keep a connection open. Each member probes every other once per round of
+    /// `members x probe_period_ms` (24.5 s at 50 members and 500 ms), so two probes of one
+    /// pair are at most two rounds apart, and 60 s keeps every connection of a region of up
+    /// to ~60 members open without a packet of its own; in larger regions a pair that goes
+    /// quiet for 60 s pays one handshake when it next talks, instead of a ping and its ACK
+    /// every `keep_alive_ms` all along.
     pub idle_timeout_ms: u64,
-    /// Keep-alive ping interval for cached connections; 0 disables keep-alives.
+    /// Keep-alive PING interval for cached connections; 0 (the default) disables keep-alives.
+    /// Off because they were the largest share of an idle agent's packets (issue 19): at 50
+    /// members, 10 s keep-alives on each of ~49 cached connections were 2.1 PINGs per agent
+    /// per second, plus an ACK each, in 14.8 packets sent per second. Peers that need a
+    /// connection kept open without traffic (a client waiting for a server) set it on their
+    /// side: QUIC uses the smaller idle timeout of the two sides, and a PING from either keeps
+    /// it open.
     pub keep_alive_ms: u64,
     /// Per-peer, per-channel send queue length in messages.
     pub peer_queue_len: usize,
@@ -160,7 +173,8 @@ impl std::fmt::Debug for TransportConfig {
 
 impl TransportConfig {
     /// A configuration with default limits: 512 connections, 1 MiB stream messages, 1200-byte
-    /// datagrams, 1280-byte initial MTU, 30 s idle timeout, 10 s keep-alive, 256-message queues, 4096 inbound.
+    /// datagrams, 1280-byte initial MTU, 60 s idle timeout, no keep-alive, 256-message queues,
+    /// 4096 inbound.
     pub fn new(
         listen: SocketAddr,
         region: Region,
@@ -179,8 +193,8 @@ impl TransportConfig {
             max_stream_message_bytes: 1 << 20,
             max_datagram_bytes: 1200,
             initial_mtu: 1280,
-            idle_timeout_ms: 30_000,
-            keep_alive_ms: 10_000,
+            idle_timeout_ms: 60_000,
+            keep_alive_ms: 0,
             peer_queue_len: 256,
             inbound_queue_len: 4096,
             tls: None,
