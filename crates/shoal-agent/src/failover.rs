@@ -8,8 +8,8 @@
 //!   the summarised region's keys as the global policy lists them, with its age.
 //!
 //! [`pull_loop`] refreshes both from the region authority every `pull_ms` (`FailoverFeed`; not
-//! at all without `policy_keys`), asynchronously: no pick ever waits for it. [`Failover::pick_remote`] is the failover tier of
-//! a pick, used only when the local region has no routable endpoint: the policy's regions in
+//! at all without `policy_keys`), asynchronously: no pick ever waits for it.
+//! [`Failover::pick_remote`] is the failover tier of a pick, used only when the local region has no routable endpoint: the policy's regions in
 //! order, refused for write intent when read-only, capped at `max_cross_region_rps` per agent
 //! and service, and past `max_snapshot_age_s` degraded or refused as the policy says. A
 //! service without policy never leaves its region. With a policy's
@@ -450,8 +450,9 @@ pub fn take_intent(raw: Option<String>) -> Result<(bool, Option<String>), String
 ///
 /// Returns at once when `[failover] policy_keys` is empty: no policy can then verify, and
 /// summaries are kept only for the services of a held policy, so every answer would be thrown
-/// away. The pull cost an idle agent a request and a reply a second (about 2 of the 12 QUIC
-/// packets it sent per second at 50 agents) and its authority one of each per agent (issue 19).
+/// away. The pull cost an idle agent a request out and a reply in every second (2 of the 2.9
+/// stream messages it sent per second at 50 agents, docs/benchmarks/peer-serf.md) and its
+/// authority one of each per agent (issue 19).
 pub async fn pull_loop(shared: Arc<Shared>) {
     if shared.cfg.raw.failover.policy_keys.is_empty() {
         return;

@@ -138,12 +138,13 @@ const SHARE_MS: u64 = 1_000;
 /// count (changed by garbage collection, which bumps no index) and owner count (an owner's
 /// empty health index appears when a head is first observed, which bumps no index either).
 /// Each side also carries its agent's boot epoch: a restarted agent holds a new catalog.
-type ShareMark = (u32, [usize; 4], [usize; 4]);
+type ShareMark = (u32, CatalogMark, CatalogMark);
 
-fn share_mark(first: (u32, u32), own: (u32, &Catalog), reference: &Catalog) -> ShareMark {
-    let counts =
-        |epoch: u32, c: &Catalog| [epoch as usize, c.index() as usize, c.len(), c.owner_count()];
-    (first.0, counts(own.0, own.1), counts(first.1, reference))
+/// One side of a [`ShareMark`]: boot epoch, index, entry count, owner count.
+type CatalogMark = [usize; 4];
+
+fn catalog_mark(epoch: u32, c: &Catalog) -> CatalogMark {
+    [epoch as usize, c.index() as usize, c.len(), c.owner_count()]
 }
 
 /// Memory only: every live agent of each region swaps its catalog maps that equal the first
@@ -170,11 +171,11 @@ fn share_catalogs(
         else {
             continue;
         };
-        let first = (first, world.epoch(first));
+        let reference_mark = catalog_mark(world.epoch(first), &reference);
         for i in nodes {
             let epoch = world.epoch(i);
             world.with_node(i, |n, _| {
-                let mark = share_mark(first, (epoch, n.mesh.catalog()), &reference);
+                let mark = (first, catalog_mark(epoch, n.mesh.catalog()), reference_mark);
                 let slot = &mut marks[i as usize];
                 if *slot != Some(mark) {
                     swapped += n.mesh.share_catalog_maps(&reference) as u64;

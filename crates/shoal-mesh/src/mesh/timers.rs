@@ -56,8 +56,8 @@ impl TimerToken {
 /// seedless, so no OS randomness) and a binary heap with lazy deletion, instead of two
 /// `BTreeMap`s (`take` alone was 10 % of the samples of `reference/small/crash`, with
 /// callees). A timer taken by token leaves the map at once and its heap entry stays until it
-/// reaches the top, where it is dropped: the top of the heap is always a pending timer, so [`TimerTable::next_deadline`]
-/// needs no `&mut`. Tokens order equal deadlines, so timers fire in the same order as before.
+/// reaches the top, where it is dropped: the top of the heap is always a pending timer, so
+/// [`TimerTable::next_deadline`] needs no `&mut`. Tokens order equal deadlines, so timers fire in the same order as before.
 ///
 /// Bounded by the core: membership caps its own timers (`max_pending_timers`), each periodic
 /// timer is re-armed once per firing, and an input arms at most one flush and one graft check.
