@@ -15,3 +15,26 @@ pub fn fnv1a(bytes: &[u8], mut h: u64) -> u64 {
     }
     h
 }
+
+/// Hasher for tables keyed by a `u64` the core made itself or already hashed (timer tokens,
+/// the repeat filter's FNV-1a keys): one multiply by 2^64 / phi (Fibonacci hashing) per word.
+/// Seedless, so no OS randomness; like [`fnv1a`], not a defence against chosen collisions
+/// (neither was the fixed-key SipHash it replaced), which can only slow a bounded table.
+#[derive(Debug, Default)]
+pub(crate) struct U64Hasher(u64);
+
+impl std::hash::Hasher for U64Hasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}

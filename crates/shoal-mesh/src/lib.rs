@@ -117,6 +117,7 @@ pub mod hash;
 pub mod membership;
 pub mod mesh;
 pub mod messages;
+mod queue;
 mod record_codec;
 
 pub use membership::{MemberId, Membership, MembershipConfig, MembershipEvent};

@@ -64,7 +64,7 @@ mod repeat_filter;
 mod timers;
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
-use std::hash::{BuildHasherDefault, DefaultHasher};
+use std::hash::BuildHasherDefault;
 use std::net::SocketAddr;
 
 use foca::{
@@ -106,7 +106,7 @@ pub struct Membership {
     down: BTreeMap<NodeId, (MemberId, u64)>,
     /// Hashes of piggybacked updates applied in the last [`APPLIED_UPDATES_WINDOW_MS`], with
     /// their arrival order for expiry (fixed hasher: no OS randomness in the core).
-    applied: HashSet<u64, BuildHasherDefault<DefaultHasher>>,
+    applied: HashSet<u64, BuildHasherDefault<crate::hash::U64Hasher>>,
     applied_order: VecDeque<(u64, u64)>,
     /// Identities to declare down in foca after the current drain (node-level conflicts).
     declare_down: Vec<MemberId>,
@@ -322,7 +322,7 @@ impl Membership {
     /// never longer than [`MembershipConfig::max_packet_bytes`].
     #[must_use = "a datagram not sent is lost"]
     pub fn poll_transmit(&mut self) -> Option<(SocketAddr, Vec<u8>)> {
-        let out = self.transmits.pop_front()?;
+        let out = crate::queue::pop_trimmed(&mut self.transmits)?;
         self.counters.datagrams_out += 1;
         self.counters.bytes_out += out.1.len() as u64;
         Some(out)
@@ -332,19 +332,25 @@ impl Membership {
     /// [`Membership::handle_timer`] at or after `deadline_ms`.
     #[must_use = "a timer not handed back never fires"]
     pub fn poll_timer(&mut self) -> Option<(u64, MembershipTimer)> {
-        self.timers.pop_front()
+        crate::queue::pop_trimmed(&mut self.timers)
     }
 
     /// Next membership event, in the order they happened.
     #[must_use = "events are the caller's to handle"]
     pub fn poll_event(&mut self) -> Option<MembershipEvent> {
-        self.events.pop_front()
+        crate::queue::pop_trimmed(&mut self.events)
     }
 
     /// Active members (alive or suspect) in our view, one identity per node, sorted by node id.
     /// Does not include ourselves.
     pub fn members(&self) -> impl Iterator<Item = &MemberId> {
         self.active.values()
+    }
+
+    /// The identity `node` is an active member under (alive or suspect), if it is one: the
+    /// [`Membership::members`] entry for `node`, found in O(log members).
+    pub fn member(&self, node: &NodeId) -> Option<&MemberId> {
+        self.active.get(node)
     }
 
     /// Nodes foca currently suspects (a probe failed and the suspicion is not refuted yet). A
@@ -437,7 +443,9 @@ impl Membership {
     fn drain(&mut self, now_ms: u64) {
         // Each pass may produce more foca output (node conflicts fed back, a rejoin rebuild);
         // a rebuild cannot trigger another one, so a few passes settle it.
+        let mut drained = 0;
         for _pass in 0..8 {
+            drained += self.runtime.backlog();
             self.drain_runtime(now_ms);
             if !self.declare_down.is_empty() {
                 let downs: Vec<Member<MemberId>> =
@@ -455,6 +463,11 @@ impl Membership {
             }
         }
         debug_assert_eq!(self.runtime.backlog(), 0, "runtime not drained");
+        if drained > crate::queue::QUEUE_SPARE && self.runtime.backlog() == 0 {
+            // foca's runtime keeps its queues' largest capacity and offers no way to trim them;
+            // empty, it holds no state, so a burst's capacity goes back with a fresh one.
+            self.runtime = AccumulatingRuntime::new();
+        }
         // Invariant 8 (`docs/invariants.md`): every output queue within its cap.
         debug_assert!(
             self.transmits.len() <= self.config.max_pending_transmits,
@@ -547,7 +560,7 @@ impl Membership {
             OwnedNotification::MemberDown(id) => self.member_down(now_ms, &id),
             OwnedNotification::Rename(old, new) => {
                 self.member_down(now_ms, &old);
-                if self.foca.iter_members().any(|m| m.id() == &new) {
+                if self.foca.active_member(&new).is_some() {
                     self.member_up(now_ms, new);
                 }
             }

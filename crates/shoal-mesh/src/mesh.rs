@@ -536,13 +536,13 @@ impl<V: Verifier> Mesh<V> {
                 bytes,
             });
         }
-        self.transmits.pop_front()
+        crate::queue::pop_trimmed(&mut self.transmits)
     }
 
     /// Next event.
     #[must_use = "events are the driver's to handle"]
     pub fn poll_event(&mut self) -> Option<MeshEvent> {
-        self.events.pop_front()
+        crate::queue::pop_trimmed(&mut self.events)
     }
 
     // ---- internals -------------------------------------------------------------------------

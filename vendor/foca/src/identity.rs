@@ -35,9 +35,9 @@ pub trait Identity: Clone + Eq + fmt::Debug {
     ///
     /// It's a good idea to have this type as lean as possible
     ///
-    /// (shoal patch: `Ord`, was `PartialEq`, so that members can be
-    /// found through an ordered index instead of a linear scan.)
-    type Addr: Ord;
+    /// (shoal patch: `Eq + Hash`, was `PartialEq`, so that members can
+    /// be found through a hash index instead of a linear scan.)
+    type Addr: Eq + core::hash::Hash;
 
     /// Opt-in on auto-rejoining by providing a new identity.
     ///

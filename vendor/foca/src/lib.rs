@@ -347,6 +347,13 @@ where
         self.members.iter_active()
     }
 
+    /// shoal patch: the active member with exactly this identity, if
+    /// any. The member `iter_members().find(|m| m.id() == id)` finds, in
+    /// O(log n) through the member index instead of a scan.
+    pub fn active_member(&self, id: &T) -> Option<&Member<T>> {
+        self.members.active_member(id)
+    }
+
     /// Returns the number of active members in the cluster.
     ///
     /// May only be used as a bound for [`Foca::iter_members`] if no

@@ -2,7 +2,10 @@
  * License, v. 2.0. If a copy of the MPL was not distributed with this
  * file, You can obtain one at https://mozilla.org/MPL/2.0/. */
 extern crate alloc;
-use alloc::{collections::BTreeMap, vec::Vec};
+use alloc::vec::Vec;
+use core::hash::{BuildHasherDefault, Hasher};
+
+use hashbrown::HashMap;
 
 use rand::{
     RngExt,
@@ -137,10 +140,11 @@ impl<T> Member<T> {
 // `inner`, so that finding the member of an update is a lookup instead
 // of a linear scan. `inner` keeps exactly the order it had without the
 // index (same pushes, swaps, shuffles and swap_removes, same RNG draws),
-// so every output is unchanged.
+// so every output is unchanged. The index is only ever looked up, never
+// iterated, so its (seedless) hash order cannot reach any output.
 pub(crate) struct Members<T: crate::Identity> {
     pub(crate) inner: Vec<Member<T>>,
-    index: BTreeMap<T::Addr, usize>,
+    index: HashMap<T::Addr, u32, BuildHasherDefault<AddrHasher>>,
     cursor: usize,
     num_active: usize,
 }
@@ -149,6 +153,68 @@ pub(crate) struct Members<T: crate::Identity> {
 impl<T: crate::Identity> Members<T> {
     pub(crate) fn len(&self) -> usize {
         self.inner.len()
+    }
+}
+
+// shoal patch: a position in `inner` as the index stores it (4 bytes, not
+// 8: the index is one of the larger per-member costs at 5,000 agents).
+fn index_position(pos: usize) -> u32 {
+    u32::try_from(pos).expect("fewer than 2^32 members")
+}
+
+// shoal patch: the index's hasher, seedless (foca takes no OS randomness)
+// and cheap: FxHash's rotate-xor-multiply (rustc's `FxHasher`) per word.
+// Addresses come from authenticated peers; colliding ones would only slow
+// lookups, never change what they find.
+#[derive(Default)]
+pub(crate) struct AddrHasher(u64);
+
+impl AddrHasher {
+    const K: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(Self::K);
+    }
+}
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(chunk);
+            self.add(u64::from_le_bytes(word));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut word = [0u8; 8];
+            word[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u8(&mut self, n: u8) {
+        self.add(u64::from(n));
+    }
+
+    fn write_u16(&mut self, n: u16) {
+        self.add(u64::from(n));
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.add(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.add(n);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.add(n as u64);
     }
 }
 
@@ -170,7 +236,7 @@ where
             cursor: 0,
             num_active,
             inner,
-            index: BTreeMap::new(),
+            index: HashMap::default(),
         };
         members.rebuild_index();
         members
@@ -182,7 +248,7 @@ where
     fn rebuild_index(&mut self) {
         self.index.clear();
         for (pos, member) in self.inner.iter().enumerate() {
-            self.index.entry(member.id.addr()).or_insert(pos);
+            self.index.entry(member.id.addr()).or_insert(index_position(pos));
         }
     }
 
@@ -192,13 +258,13 @@ where
             return;
         }
         self.inner.swap(a, b);
-        self.index.insert(self.inner[a].id.addr(), a);
-        self.index.insert(self.inner[b].id.addr(), b);
+        self.index.insert(self.inner[a].id.addr(), index_position(a));
+        self.index.insert(self.inner[b].id.addr(), index_position(b));
     }
 
     // shoal patch: the position of the member with this address.
     fn position_of(&self, addr: &T::Addr) -> Option<usize> {
-        let pos = self.index.get(addr).copied();
+        let pos = self.index.get(addr).map(|&pos| pos as usize);
         debug_assert!(pos.is_none_or(|pos| &self.inner[pos].id.addr() == addr));
         pos
     }
@@ -311,7 +377,7 @@ where
             let removed = self.inner.swap_remove(pos);
             self.index.remove(&removed.id.addr());
             if let Some(moved) = self.inner.get(pos) {
-                self.index.insert(moved.id.addr(), pos);
+                self.index.insert(moved.id.addr(), index_position(pos));
             }
             removed
         })
@@ -322,10 +388,15 @@ where
     }
 
     pub(crate) fn is_active(&self, id: &T) -> bool {
-        self.position_of(&id.addr()).is_some_and(|pos| {
-            let member = &self.inner[pos];
-            &member.id == id && member.is_active()
-        })
+        self.active_member(id).is_some()
+    }
+
+    // shoal patch: the active member with exactly this identity, found through the index;
+    // the same member `iter_active().find(|m| m.id == *id)` finds (addresses are unique).
+    pub(crate) fn active_member(&self, id: &T) -> Option<&Member<T>> {
+        self.position_of(&id.addr())
+            .map(|pos| &self.inner[pos])
+            .filter(|member| &member.id == id && member.is_active())
     }
 
     pub(crate) fn apply_existing_if<F: Fn(&Member<T>) -> bool>(
@@ -410,7 +481,7 @@ where
                 let addr = update.id.addr();
                 self.inner.push(update);
                 let inserted_at = self.inner.len() - 1;
-                self.index.insert(addr, inserted_at);
+                self.index.insert(addr, index_position(inserted_at));
 
                 let swap_idx = (0..self.inner.len())
                     .choose(&mut rng)
@@ -970,6 +1041,11 @@ mod tests {
                             indexed.is_active(&id),
                             scan.is_active(&id),
                             "seed {seed} step {step}: is_active"
+                        );
+                        assert_eq!(
+                            indexed.active_member(&id),
+                            scan.iter_active().find(|m| m.id == id),
+                            "seed {seed} step {step}: active_member"
                         );
                     }
                     7 => {

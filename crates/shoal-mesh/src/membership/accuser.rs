@@ -230,8 +230,7 @@ impl Membership {
             return false;
         }
         self.foca
-            .iter_members()
-            .find(|m| m.id() == active)
+            .active_member(active)
             .is_some_and(|m| m.incarnation() > incarnation && m.state() != State::Down)
     }
 

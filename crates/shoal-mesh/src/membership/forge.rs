@@ -89,9 +89,6 @@ impl Membership {
     /// The incarnation we hold `id` at, if it is an active member in our view (the "current
     /// incarnation" a forged rumour about it would use).
     pub fn incarnation_of(&self, id: &MemberId) -> Option<Incarnation> {
-        self.foca
-            .iter_members()
-            .find(|m| m.id() == id)
-            .map(|m| m.incarnation())
+        self.foca.active_member(id).map(|m| m.incarnation())
     }
 }

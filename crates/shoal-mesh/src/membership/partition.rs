@@ -59,7 +59,7 @@ impl Membership {
         self.foca.num_members() > 0
             && !partitioned
             && !contested
-            && !self.foca.iter_members().any(|m| m.id() == src)
+            && self.foca.active_member(src).is_none()
     }
 
     /// A peer's member list shows `id` alive at the very identity foca holds down (a contested

@@ -49,7 +49,9 @@ impl Membership {
         let count = body.get(header_len..header_len + 2)?;
         let count = u16::from_be_bytes([count[0], count[1]]);
         // Most datagrams carry no update: compare identities only when there is something to drop.
+        // Addresses first: comparing them is cheap, and node ids are strings.
         if count == 0
+            || header.dst.addr != self.identity.addr
             || header.dst != self.identity
             || self.active.get(&header.src.node) != Some(&header.src)
         {

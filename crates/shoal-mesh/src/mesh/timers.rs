@@ -23,7 +23,9 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::BuildHasherDefault;
+
+use crate::hash::U64Hasher;
 
 use super::MeshTimer;
 
@@ -65,7 +67,7 @@ impl TimerToken {
 /// little) the heap is rebuilt from the map.
 #[derive(Debug, Default)]
 pub(super) struct TimerTable {
-    by_token: HashMap<u64, (u64, MeshTimer), BuildHasherDefault<TokenHasher>>,
+    by_token: HashMap<u64, (u64, MeshTimer), BuildHasherDefault<U64Hasher>>,
     /// `(deadline, token)` of every pending timer, plus taken ones not yet at the top.
     by_deadline: BinaryHeap<Reverse<(u64, u64)>>,
     /// The next token to hand out (tokens start at 1).
@@ -154,27 +156,6 @@ impl TimerTable {
 
     pub(super) fn len(&self) -> usize {
         self.by_token.len()
-    }
-}
-
-/// Hasher of the table's tokens: one multiply by 2^64 / phi (Fibonacci hashing). Tokens are
-/// the core's own sequential numbers, never a peer's input, so no keyed hash is needed.
-#[derive(Debug, Default)]
-pub(super) struct TokenHasher(u64);
-
-impl Hasher for TokenHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     }
 }
 
