@@ -78,26 +78,56 @@ impl Driver {
     }
 
     /// Runs until `shutdown` resolves, then leaves gracefully, persists and closes.
+    ///
+    /// One `Sleep` serves every deadline of the loop: it is re-armed only when the earliest
+    /// deadline moved, not rebuilt on every input. The agent's housekeeping (the tick and the
+    /// periodic persist) has no wake-up of its own while the mesh keeps waking the driver: it
+    /// runs after whatever woke the driver once it is due, and the sleep waits for it alone
+    /// only [`HOUSEKEEPING_SLACK`] past its due time (see [`Housekeeping`]).
     pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
         let now = self.shared.now_ms();
         self.with_mesh(|m| m.start(now));
         self.restore_known(now);
-        let mut tick = tokio::time::interval(Duration::from_millis(500));
         let persist_every = Duration::from_millis(self.shared.cfg.raw.persist.interval_ms);
-        let mut persist = tokio::time::interval_at(Instant::now() + persist_every, persist_every);
+        let mut chores = Housekeeping::new(Instant::now(), persist_every);
+        let sleep = tokio::time::sleep_until(Instant::now());
+        tokio::pin!(sleep);
+        // The deadline the sleep is armed for; `None` once it fired (it must be re-armed).
+        let mut armed: Option<Instant> = None;
         loop {
+            self.housekeeping(&mut chores);
+            let mesh_at = self.io.next_deadline();
+            let wake = mesh_at.map_or(chores.latest(), |at| at.min(chores.latest()));
+            if armed != Some(wake) {
+                sleep.as_mut().reset(wake);
+                armed = Some(wake);
+            }
             tokio::select! {
                 biased;
                 () = &mut shutdown => break,
                 Some(msg) = self.inbound.recv() => self.on_inbound(msg),
                 Some(cmd) = self.cmds.recv() => self.on_cmd(cmd),
-                () = self.io.timer_due() => self.fire_timers(),
-                _ = tick.tick() => self.on_tick(),
-                _ = persist.tick() => self.persist(),
+                () = &mut sleep => {
+                    armed = None;
+                    if mesh_at.is_some_and(|at| at <= Instant::now()) {
+                        self.fire_timers();
+                    }
+                }
             }
         }
         self.shutdown().await;
+    }
+
+    /// Runs the tick and the periodic persist when they are due.
+    fn housekeeping(&mut self, chores: &mut Housekeeping) {
+        let now = Instant::now();
+        if chores.tick_due(now) {
+            self.on_tick();
+        }
+        if chores.persist_due(now) {
+            self.persist();
+        }
     }
 
     /// Feeds one input to the shared mesh under its write lock, drains its outputs there and
@@ -444,6 +474,60 @@ impl Driver {
         self.with_mesh(|m| m.leave(now));
         self.persist();
         self.io.close().await;
+    }
+}
+
+/// The agent's own periodic work, ms apart: [`Driver::on_tick`] (expired ejections and RPCs,
+/// status, metrics, view tidying).
+pub const TICK: Duration = Duration::from_millis(500);
+
+/// How long past its due time housekeeping may wait for a wake-up it can share. The mesh core
+/// wakes the driver every 200-250 ms when idle (periodic gossip, IHave), so the tick and the
+/// persist almost always run right after one of those instead of waking the process for
+/// themselves (issue 19: each idle wake-up costs ~35-40 us of CPU). Nothing in them is
+/// timing-critical: an ejection ends, an RPC times out or the snapshot is written at most this
+/// much later. The mesh's own timers are never delayed.
+pub const HOUSEKEEPING_SLACK: Duration = Duration::from_millis(250);
+
+/// Due times of the driver's housekeeping (see [`HOUSEKEEPING_SLACK`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Housekeeping {
+    tick_at: Instant,
+    persist_at: Instant,
+    persist_every: Duration,
+}
+
+impl Housekeeping {
+    /// The first tick is due at `now`, the first persist one `persist_every` later.
+    pub fn new(now: Instant, persist_every: Duration) -> Self {
+        Self {
+            tick_at: now,
+            persist_at: now + persist_every,
+            persist_every,
+        }
+    }
+
+    /// True (and the next tick scheduled [`TICK`] from `now`) when the tick is due.
+    pub fn tick_due(&mut self, now: Instant) -> bool {
+        let due = now >= self.tick_at;
+        if due {
+            self.tick_at = now + TICK;
+        }
+        due
+    }
+
+    /// True (and the next persist scheduled) when the periodic persist is due.
+    pub fn persist_due(&mut self, now: Instant) -> bool {
+        let due = now >= self.persist_at;
+        if due {
+            self.persist_at = now + self.persist_every;
+        }
+        due
+    }
+
+    /// The latest the driver may sleep until: the earliest due time plus the slack.
+    pub fn latest(&self) -> Instant {
+        self.tick_at.min(self.persist_at) + HOUSEKEEPING_SLACK
     }
 }
 

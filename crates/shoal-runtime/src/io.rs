@@ -157,6 +157,13 @@ impl MeshIo {
         }
     }
 
+    /// The core's next timer deadline as of the last dispatch, on tokio's clock: for a driver
+    /// that keeps one `Sleep` and re-arms it only when this moves (the agent), instead of
+    /// building a new one per input as [`MeshIo::timer_due`] does.
+    pub fn next_deadline(&self) -> Option<tokio::time::Instant> {
+        self.next_timeout_ms.map(|ms| self.clock.at(ms))
+    }
+
     /// Resolves at the core's next timer deadline (as of the last dispatch); never while none
     /// is armed. Then feed `Mesh::handle_timeout(now)` like any input. For a `tokio::select!`
     /// branch (it borrows `self` only until it is polled to completion).
