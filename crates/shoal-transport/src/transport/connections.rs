@@ -37,14 +37,49 @@ impl Shared {
             .close(VarInt::from_u32(CLOSE_SHUTDOWN), b"shutdown");
     }
 
-    /// The send queue of `channel` for `to`, creating the peer (and evicting the least recently
-    /// used one when full) if needed. Marks the peer as used.
-    pub(super) fn queue(self: &Arc<Self>, to: SocketAddr, channel: Channel) -> mpsc::Sender<Bytes> {
+    /// Where a message to `to` on `channel` goes, creating the peer (and evicting the least
+    /// recently used one when full) if needed, and marking it used: the channel's send queue,
+    /// except that a datagram to a peer with a live sending connection and an empty datagram
+    /// queue gets that connection, to be sent at once.
+    pub(super) fn queue_or_connection(self: &Arc<Self>, to: SocketAddr, channel: Channel) -> Route {
         let mut cache = self.cache.lock().expect("cache lock");
         let entry = self.entry(&mut cache, to);
         match channel {
-            Channel::Datagram => entry.datagrams.clone(),
-            Channel::Stream => entry.streams.clone(),
+            Channel::Datagram => {
+                let idle = entry.datagrams.capacity() == entry.datagrams.max_capacity();
+                match entry.link.current() {
+                    Some(conn) if idle => Route::Now(conn),
+                    _ => Route::Queue(entry.datagrams.clone()),
+                }
+            }
+            Channel::Stream => Route::Queue(entry.streams.clone()),
+        }
+    }
+
+    /// Hands one datagram to quinn on `conn`, checked against the path's current limit;
+    /// every outcome is counted (`datagrams_out`, `oversize_dropped`, `send_errors`).
+    pub(super) fn send_datagram_on(&self, conn: &Connection, bytes: Bytes) {
+        let c = &self.counters;
+        let len = bytes.len();
+        match conn.max_datagram_size() {
+            None => {
+                inc(&c.send_errors);
+                return;
+            }
+            Some(max) if len > max => {
+                inc(&c.oversize_dropped);
+                tracing::debug!(len, max, "datagram above the path limit dropped");
+                return;
+            }
+            Some(_) => {}
+        }
+        match conn.send_datagram(bytes) {
+            Ok(()) => {
+                inc(&c.datagrams_out);
+                add(&c.bytes_out, len);
+            }
+            Err(quinn::SendDatagramError::TooLarge) => inc(&c.oversize_dropped),
+            Err(_) => inc(&c.send_errors),
         }
     }
 
@@ -333,33 +368,12 @@ pub(super) async fn datagram_sender(
     link: Arc<PeerLink>,
     mut rx: mpsc::Receiver<Bytes>,
 ) {
-    let c = &shared.counters;
     while let Some(bytes) = rx.recv().await {
         let Some(conn) = link.connection(&shared).await else {
-            inc(&c.send_errors);
+            inc(&shared.counters.send_errors);
             continue;
         };
-        let len = bytes.len();
-        match conn.max_datagram_size() {
-            None => {
-                inc(&c.send_errors);
-                continue;
-            }
-            Some(max) if len > max => {
-                inc(&c.oversize_dropped);
-                tracing::debug!(len, max, "datagram above the path limit dropped");
-                continue;
-            }
-            Some(_) => {}
-        }
-        match conn.send_datagram(bytes) {
-            Ok(()) => {
-                inc(&c.datagrams_out);
-                add(&c.bytes_out, len);
-            }
-            Err(quinn::SendDatagramError::TooLarge) => inc(&c.oversize_dropped),
-            Err(_) => inc(&c.send_errors),
-        }
+        shared.send_datagram_on(&conn, bytes);
     }
 }
 
