@@ -251,11 +251,13 @@ pub async fn run_until(
         let l = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("metrics listener {addr}"))?;
+        let shared_for_metrics = shared.clone();
         let app = axum::Router::new().route(
             "/metrics",
             axum::routing::get(move || {
                 let quic = quic.clone();
-                async move { crate::metrics::render(&quic) }
+                let shared = shared_for_metrics.clone();
+                async move { crate::metrics::render(&quic, &shared) }
             }),
         );
         tasks.push(tokio::spawn(async move {

@@ -16,9 +16,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use metrics::{counter, gauge};
+use metrics::counter;
 use shoal_catalog::snapshot::{self, Snapshot, SnapshotScope};
-use shoal_catalog::view::is_routable;
 use shoal_mesh::{Command, MembershipEvent, MeshEvent};
 use shoal_proto::envelope::{self, MessageKind, MAX_STREAM_MESSAGE_BYTES};
 use shoal_proto::rpc::{AuthorityError, AuthorityOk, AuthorityReply, AuthorityRequest};
@@ -378,7 +377,6 @@ impl Driver {
         let timeout = shared.cfg.raw.authority.rpc_timeout_ms;
         self.pending
             .retain(|_, (at, _)| now.saturating_sub(*at) <= timeout * 2);
-        let tc = self.io.transport_counters();
         let mesh = shared.mesh.read().expect("mesh lock");
         if mesh.membership().num_members() > 0 {
             shared.status.lock().expect("status").last_peer_ms = Some(now);
@@ -386,27 +384,10 @@ impl Driver {
         if self.dev.is_some() {
             shared.status.lock().expect("status").last_authority_ms = Some(now);
         }
-        crate::metrics::export_counters(&mesh, &tc);
-        counter!("shoal_mesh_send_errors_total").absolute(self.io.send_errors());
         shared.tidy_view(&mesh);
-        let liveness = mesh.liveness();
-        for key in mesh.catalog().service_keys() {
-            let ready = mesh.catalog().service(key).map_or(0, |s| {
-                s.instances
-                    .values()
-                    .filter(|e| is_routable(e, &liveness))
-                    .count()
-            });
-            gauge!("shoal_ready_endpoints", "service" => key.to_string()).set(ready as f64);
-            // The no-backend series of every known service exists before its first 503.
-            counter!("shoal_no_backend_total", "service" => key.to_string()).increment(0);
-        }
         drop(mesh);
-        gauge!("shoal_snapshot_age_seconds").set(shared.snapshot_age_ms() as f64 / 1000.0);
-        if let Some(age) = shared.authority_age_ms() {
-            gauge!("shoal_authority_contact_age_seconds").set(age as f64 / 1000.0);
-        }
-        gauge!("shoal_view_stale").set(if shared.is_stale() { 1.0 } else { 0.0 });
+        // The other counters and gauges are copied at scrape time (`crate::metrics::render`).
+        counter!("shoal_mesh_send_errors_total").absolute(self.io.send_errors());
     }
 
     fn persist(&mut self) {

@@ -42,10 +42,13 @@ use std::sync::OnceLock;
 
 use metrics::{counter, gauge};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use shoal_catalog::view::is_routable;
 use shoal_catalog::Keyring;
 use shoal_mesh::Mesh;
 use shoal_proto::envelope::MessageKind;
 use shoal_transport::transport::{QuicCounters, QuicCountersHandle, TransportCounters};
+
+use crate::state::Shared;
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
@@ -74,10 +77,41 @@ pub fn install() -> Option<PrometheusHandle> {
 ///
 /// The QUIC packet and frame counters are read from `quic` here too: reading them locks every
 /// live connection once, which a scrape can afford and a timer would pay for all the time.
-pub fn render(quic: &QuicCountersHandle) -> String {
+///
+/// The mesh, catalog and transport counters and the view gauges are copied in here as well,
+/// not on the driver's 500 ms tick: ~80 registry updates twice a second were a measurable share
+/// of an idle agent's CPU (issue 19), and a scrape now sees them as of the scrape.
+pub fn render(quic: &QuicCountersHandle, shared: &Shared) -> String {
     crate::metrics_describe::record_process();
     export_quic(&quic.read());
+    export_state(shared, &quic.transport_counters());
     install().map(|h| h.render()).unwrap_or_default()
+}
+
+/// The counters of the mesh, the catalog and the transport, ready endpoints per service,
+/// and the freshness gauges.
+fn export_state(shared: &Shared, transport: &TransportCounters) {
+    {
+        let mesh = shared.mesh.read().expect("mesh lock");
+        export_counters(&mesh, transport);
+        let liveness = mesh.liveness();
+        for key in mesh.catalog().service_keys() {
+            let ready = mesh.catalog().service(key).map_or(0, |s| {
+                s.instances
+                    .values()
+                    .filter(|e| is_routable(e, &liveness))
+                    .count()
+            });
+            gauge!("shoal_ready_endpoints", "service" => key.to_string()).set(ready as f64);
+            // The no-backend series of every known service exists before its first 503.
+            counter!("shoal_no_backend_total", "service" => key.to_string()).increment(0);
+        }
+    }
+    gauge!("shoal_snapshot_age_seconds").set(shared.snapshot_age_ms() as f64 / 1000.0);
+    if let Some(age) = shared.authority_age_ms() {
+        gauge!("shoal_authority_contact_age_seconds").set(age as f64 / 1000.0);
+    }
+    gauge!("shoal_view_stale").set(if shared.is_stale() { 1.0 } else { 0.0 });
 }
 
 fn export_quic(q: &QuicCounters) {
@@ -99,7 +133,7 @@ pub fn rejected(source: &'static str, reason: &'static str) {
     counter!("shoal_rejected_inputs_total", "source" => source, "reason" => reason).increment(1);
 }
 
-/// Copies the mesh and transport counters into the recorder (called about once a second).
+/// Copies the mesh and transport counters into the recorder (at scrape time).
 pub fn export_counters(mesh: &Mesh<Keyring>, transport: &TransportCounters) {
     let m = mesh.membership().counters();
     gauge!("shoal_members", "state" => "alive").set(m.members_alive as f64);
