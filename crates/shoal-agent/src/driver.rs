@@ -555,3 +555,27 @@ fn mesh_refused(r: Result<(), shoal_mesh::Refusal>) {
         crate::metrics::rejected("mesh_command", "refused");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn housekeeping_is_due_on_time_and_never_waits_past_its_slack() {
+        let t0 = Instant::now();
+        let persist_every = Duration::from_secs(10);
+        let mut h = Housekeeping::new(t0, persist_every);
+        // The first tick is due at once; the persist only after its interval.
+        assert!(h.tick_due(t0));
+        assert!(!h.tick_due(t0), "a tick runs once per period");
+        assert!(!h.persist_due(t0));
+        assert_eq!(h.latest(), t0 + TICK + HOUSEKEEPING_SLACK);
+        // A wake-up inside the slack runs the tick and schedules the next from then.
+        let late = t0 + TICK + Duration::from_millis(100);
+        assert!(h.tick_due(late));
+        assert_eq!(h.latest(), late + TICK + HOUSEKEEPING_SLACK);
+        let at = t0 + persist_every;
+        assert!(h.persist_due(at));
+        assert!(!h.persist_due(at));
+    }
+}
