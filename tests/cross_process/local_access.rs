@@ -29,18 +29,15 @@ fn audit(path: &std::path::Path) -> Vec<Value> {
         .collect()
 }
 
-#[test]
-fn user_a_cannot_touch_user_b_instances() {
-    let Some((a, b)) = users_or_skip("user_a_cannot_touch_user_b_instances") else {
-        return;
-    };
-    let mut c = Cluster::new(41, 1);
+/// Gives the one agent of `c` the policy of these tests (users A and B may register and change
+/// their own instances of `prod/*`, nothing more), metrics on `metrics` and a socket both
+/// users can open; starts it.
+fn start_with_user_policy(c: &mut Cluster, metrics: &str) {
     {
         use std::os::unix::fs::PermissionsExt;
         // The users must be able to reach the socket inside the (0700) temp dir.
         std::fs::set_permissions(c.tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     }
-    let audit_path = c.tmp.path().join("data-node-a/audit.log");
     let agent = &mut c.agents[0];
     let text = std::fs::read_to_string(&agent.config).unwrap();
     assert!(
@@ -54,20 +51,33 @@ fn user_a_cannot_touch_user_b_instances() {
         .replace("dev_allow_all = true\n", &policy)
         .replace(
             "cluster_size = 8\n",
-            &format!("cluster_size = 8\nmetrics = \"{METRICS}\"\n"),
+            &format!("cluster_size = 8\nmetrics = \"{metrics}\"\n"),
         )
         .replace("[api]\n", "[api]\nsocket_mode = 0o666\n");
     std::fs::write(&agent.config, text).unwrap();
     agent.start();
-    let sock = agent.socket.clone();
     eventually(Duration::from_secs(20), "agent answers", || {
         agent.get("/v1/agent/self").map(|_| ())
     });
     assert!(!agent.log().contains("DEVELOPMENT ACCESS POLICY"));
+}
+
+fn reg(addr: &str, inst: &str) -> String {
+    format!("{{\"instance\":\"{inst}\",\"address\":\"{addr}\"}}")
+}
+
+#[test]
+fn user_a_cannot_touch_user_b_instances() {
+    let Some((a, b)) = users_or_skip("user_a_cannot_touch_user_b_instances") else {
+        return;
+    };
+    let mut c = Cluster::new(41, 1);
+    start_with_user_policy(&mut c, METRICS);
+    let audit_path = c.tmp.path().join("data-node-a/audit.log");
+    let agent = &mut c.agents[0];
+    let sock = agent.socket.clone();
 
     // B registers web-b1: B owns it.
-    let reg =
-        |addr: &str, inst: &str| format!("{{\"instance\":\"{inst}\",\"address\":\"{addr}\"}}");
     let (code, v) = curl_as(
         b,
         &sock,
@@ -237,4 +247,144 @@ fn user_a_cannot_touch_user_b_instances() {
     );
     let (code, v) = curl_as(b, &sock, "POST", &format!("{inst}/deregister"), None);
     assert_eq!(code, 200, "B deregisters after a restart: {v}");
+}
+
+/// The QA repro of a torn `owners.json`: after the restart nobody's ownership is trusted, but
+/// the addresses stay taken (no hijack by a fresh instance id), the torn file is kept aside
+/// byte for byte and never overwritten, and the agent says where it is.
+#[test]
+fn a_torn_owners_file_keeps_addresses_taken_and_is_kept_aside() {
+    let Some((a, b)) = users_or_skip("a_torn_owners_file_keeps_addresses_taken_and_is_kept_aside")
+    else {
+        return;
+    };
+    const METRICS2: &str = "127.0.42.1:29542";
+    let mut c = Cluster::new(42, 1);
+    start_with_user_policy(&mut c, METRICS2);
+    let data = c.tmp.path().join("data-node-a");
+    let agent = &mut c.agents[0];
+    let sock = agent.socket.clone();
+    // B owns web-b1 at 10.0.0.8:8080 and a few more instances; A is refused its address.
+    for i in 0..20 {
+        let (code, v) = curl_as(
+            b,
+            &sock,
+            "POST",
+            &format!("{SVC}/register"),
+            Some(&reg(
+                &format!("10.0.1.{i}:8080"),
+                &format!("web-b{}", i + 10),
+            )),
+        );
+        assert_eq!(code, 200, "B registers: {v}");
+    }
+    let (code, v) = curl_as(
+        b,
+        &sock,
+        "POST",
+        &format!("{SVC}/register"),
+        Some(&reg("10.0.0.8:8080", "web-b1")),
+    );
+    assert_eq!(code, 200, "B registers web-b1: {v}");
+    let (code, v) = curl_as(
+        a,
+        &sock,
+        "POST",
+        &format!("{SVC}/register"),
+        Some(&reg("10.0.0.8:8080", "a-evil")),
+    );
+    assert_eq!(
+        (code, v["reason"].as_str()),
+        (403, Some("address_in_use")),
+        "{v}"
+    );
+
+    // Stop, tear owners.json (as `head -c N`), start again.
+    agent.stop();
+    let owners = data.join("owners.json");
+    let full = std::fs::read(&owners).unwrap();
+    let torn = full[..full.len() / 2].to_vec();
+    std::fs::write(&owners, &torn).unwrap();
+    agent.start();
+    eventually(Duration::from_secs(20), "agent answers again", || {
+        agent.get("/v1/agent/self").map(|_| ())
+    });
+    eventually(
+        Duration::from_secs(20),
+        "web-b1 restored from the snapshot",
+        || state_at(agent, "web-b1").map(|_| ()),
+    );
+
+    // Kept aside, byte for byte, and the log names it.
+    let aside: Vec<_> = std::fs::read_dir(&data)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("owners.json.corrupt-")
+        })
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(std::fs::read(&aside[0]).unwrap(), torn);
+    let log = strip_ansi(&agent.log());
+    assert!(
+        log.contains("owners file unreadable; moved aside to")
+            && log.contains(&*aside[0].to_string_lossy()),
+        "{log}"
+    );
+
+    // Ownership unknown: B may not change web-b1 (safe), and A may not take its address.
+    let (code, v) = curl_as(
+        b,
+        &sock,
+        "POST",
+        &format!("{SVC}/instances/web-b1/drain"),
+        None,
+    );
+    assert_eq!(
+        (code, v["reason"].as_str()),
+        (403, Some("owner_unknown")),
+        "{v}"
+    );
+    for (who, inst) in [(a, "e-new"), (b, "b-new")] {
+        let (code, v) = curl_as(
+            who,
+            &sock,
+            "POST",
+            &format!("{SVC}/register"),
+            Some(&reg("10.0.0.8:8080", inst)),
+        );
+        assert_eq!(
+            (code, v["reason"].as_str()),
+            (403, Some("address_in_use")),
+            "uid {} registering {inst} at web-b1's address: {v}",
+            who.0
+        );
+    }
+    assert_eq!(state_at(agent, "e-new"), None);
+
+    // A free address still works and starts a fresh owners.json; the torn file stays aside.
+    let (code, v) = curl_as(
+        a,
+        &sock,
+        "POST",
+        &format!("{SVC}/register"),
+        Some(&reg("10.0.0.77:8080", "web-a1")),
+    );
+    assert_eq!(code, 200, "A registers at a free address: {v}");
+    let fresh: Value = serde_json::from_slice(&std::fs::read(&owners).unwrap()).unwrap();
+    assert_eq!(fresh.as_array().map(Vec::len), Some(1), "{fresh}");
+    assert_eq!(std::fs::read(&aside[0]).unwrap(), torn);
+    let m = metrics_text(METRICS2);
+    assert_eq!(
+        metric_sum(
+            &m,
+            "shoal_files_set_aside_total",
+            &[("file", "owners.json")]
+        ),
+        1.0,
+        "{m}"
+    );
 }

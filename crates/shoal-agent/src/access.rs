@@ -434,34 +434,81 @@ struct OwnedEntry {
 pub struct Owners {
     path: PathBuf,
     map: Mutex<BTreeMap<(String, String), Owner>>,
+    /// Why the file must not be written: an unreadable file that could not be moved aside
+    /// (writing would destroy it). `None` normally.
+    write_blocked: Option<String>,
 }
 
 impl Owners {
-    /// Loads `dir/owners.json` (missing: empty; corrupt: logged, empty, so only admins and
-    /// orchestrators may change the instances until they are re-registered).
+    /// Loads `dir/owners.json`. Missing: empty. Unreadable (torn, corrupt, or it cannot be
+    /// read): never trusted and never overwritten. It is moved aside to
+    /// `owners.json.corrupt-<unix ms>` ([`crate::keys::set_aside`]) before anything new is
+    /// written, logged with both paths and counted (`shoal_rejected_inputs_total{source =
+    /// "owners_file"}`, `shoal_files_set_aside_total{file = "owners.json"}`); the table starts
+    /// empty, so the instances it listed have no recorded owner: only admins and orchestrators
+    /// may change them, and their addresses stay taken (`check_address`). If it cannot be moved
+    /// aside, the table is kept in memory only and the file is left as it is.
     pub fn load(dir: &Path) -> Self {
         let path = dir.join(OWNERS_FILE);
         let mut map = BTreeMap::new();
-        match std::fs::read(&path) {
+        let unreadable = match std::fs::read(&path) {
             Ok(b) => match serde_json::from_slice::<Vec<OwnedEntry>>(&b) {
                 Ok(v) => {
                     for e in v.into_iter().take(MAX_OWNED) {
                         map.insert((e.service, e.instance), e.owner);
                     }
+                    None
                 }
                 Err(e) => {
                     crate::metrics::rejected("owners_file", "decode");
-                    tracing::error!(file = %path.display(), error = %e, "owners file unreadable; instance owners unknown (admins and orchestrators only)");
+                    Some(e.to_string())
                 }
             },
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => {
-                tracing::error!(file = %path.display(), error = %e, "owners file unreadable");
+                crate::metrics::rejected("owners_file", "read");
+                Some(e.to_string())
             }
-        }
+        };
+        let write_blocked = unreadable.and_then(|error| Self::set_aside(&path, &error));
         Self {
             path,
             map: Mutex::new(map),
+            write_blocked,
+        }
+    }
+
+    /// Moves the unreadable file at `path` aside; `Some(why)` when it could not be (then it
+    /// must not be written).
+    fn set_aside(path: &Path, error: &str) -> Option<String> {
+        match crate::keys::set_aside(path) {
+            Ok(aside) => {
+                metrics::counter!("shoal_files_set_aside_total", "file" => OWNERS_FILE)
+                    .increment(1);
+                tracing::error!(
+                    file = %path.display(),
+                    kept_at = %aside.display(),
+                    error,
+                    "owners file unreadable; moved aside to {} (nothing deleted); instance owners unknown: \
+                     only admins and orchestrators may change this node's instances until they are \
+                     re-registered, and their addresses stay taken",
+                    aside.display()
+                );
+                None
+            }
+            Err(e) => {
+                tracing::error!(
+                    file = %path.display(),
+                    error,
+                    set_aside_error = %e,
+                    "owners file unreadable and could not be moved aside; it is left untouched and \
+                     owners are kept in memory only until it is moved away and the agent restarted"
+                );
+                Some(format!(
+                    "{} is unreadable and could not be moved aside ({e}); not overwriting it",
+                    path.display()
+                ))
+            }
         }
     }
 
@@ -549,6 +596,10 @@ impl Owners {
     }
 
     fn save(&self, m: &BTreeMap<(String, String), Owner>) -> Result<(), String> {
+        if let Some(why) = &self.write_blocked {
+            metrics::counter!("shoal_persist_total", "result" => "owners_error").increment(1);
+            return Err(why.clone());
+        }
         let list: Vec<OwnedEntry> = m
             .iter()
             .map(|((service, instance), owner)| OwnedEntry {
@@ -763,6 +814,124 @@ mod tests {
             "[[grants]]\nuids = [1]\nservices = [\"*\"]\nrights = [\"root\"]\n"
         )
         .is_err());
+    }
+
+    /// The `owners.json.corrupt-*` files of `dir`, with their bytes.
+    fn set_aside_files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+        let mut v: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("owners.json.corrupt-")
+            })
+            .map(|p| {
+                let bytes = std::fs::read(&p).unwrap();
+                (p.file_name().unwrap().to_string_lossy().into_owned(), bytes)
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_torn_owners_file_is_moved_aside_and_never_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let k = key("prod/web/http");
+        let o = Owners::load(dir.path());
+        for i in 0..200 {
+            o.set(
+                &k,
+                &format!("web-{i}"),
+                Owner {
+                    uid: 1001,
+                    gid: 1001,
+                },
+            )
+            .unwrap();
+        }
+        drop(o);
+        // Torn as by `head -c 1000`.
+        let path = dir.path().join(OWNERS_FILE);
+        let full = std::fs::read(&path).unwrap();
+        assert!(full.len() > 1_000);
+        std::fs::write(&path, &full[..1_000]).unwrap();
+
+        let o = Owners::load(dir.path());
+        // Not trusted (no entry of it is used), and not in the way any more.
+        assert_eq!(o.get(&k, "web-0"), None);
+        assert!(
+            !path.exists(),
+            "the torn file is no longer at {}",
+            path.display()
+        );
+        let aside = set_aside_files(dir.path());
+        assert_eq!(aside.len(), 1, "{aside:?}");
+        assert_eq!(aside[0].1, &full[..1_000], "kept byte for byte");
+        // A new write makes a fresh owners.json; the torn one stays aside, untouched.
+        o.set(
+            &k,
+            "e-new",
+            Owner {
+                uid: 1002,
+                gid: 1002,
+            },
+        )
+        .unwrap();
+        assert_eq!(set_aside_files(dir.path()), aside);
+        let again = Owners::load(dir.path());
+        assert_eq!(
+            again.get(&k, "e-new"),
+            Some(Owner {
+                uid: 1002,
+                gid: 1002
+            })
+        );
+
+        // A second torn file in the same millisecond gets its own name; nothing is replaced.
+        std::fs::write(&path, b"[{\"service\"").unwrap();
+        let name0 = dir.path().join(&aside[0].0);
+        let p1 = crate::keys::set_aside(&path).unwrap();
+        std::fs::write(&path, b"[{").unwrap();
+        let p2 = crate::keys::set_aside(&path).unwrap();
+        assert!(p1 != name0 && p2 != p1 && p2 != name0);
+        assert_eq!(std::fs::read(&name0).unwrap(), &full[..1_000]);
+        assert_eq!(std::fs::read(&p1).unwrap(), b"[{\"service\"");
+        assert_eq!(std::fs::read(&p2).unwrap(), b"[{");
+    }
+
+    #[test]
+    fn an_owners_file_that_cannot_be_read_is_moved_aside_too() {
+        // A directory where the file should be: read fails (EISDIR), link fails too, so
+        // nothing may be written over it.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(OWNERS_FILE);
+        std::fs::create_dir(&path).unwrap();
+        std::fs::write(path.join("inside"), b"x").unwrap();
+        let o = Owners::load(dir.path());
+        let k = key("prod/web/http");
+        let err = o
+            .set(
+                &k,
+                "web-1",
+                Owner {
+                    uid: 1001,
+                    gid: 1001,
+                },
+            )
+            .unwrap_err();
+        assert!(err.contains("not overwriting"), "{err}");
+        assert_eq!(std::fs::read(path.join("inside")).unwrap(), b"x");
+        // Kept in memory for this run.
+        assert_eq!(
+            o.get(&k, "web-1"),
+            Some(Owner {
+                uid: 1001,
+                gid: 1001
+            })
+        );
     }
 
     #[test]

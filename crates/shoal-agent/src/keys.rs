@@ -7,7 +7,7 @@
 //! OpenSSH refuses an unprotected private key (see `shoal_transport::keyfile`).
 
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use shoal_proto::{Generation, SigningKey};
 use shoal_transport::keyfile::{self, Overwrite};
@@ -26,6 +26,49 @@ pub use shoal_runtime::config::{from_hex, to_hex};
 /// Any IO error; the old file is then untouched.
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
     keyfile::replace_atomic(path, bytes, mode)
+}
+
+/// Moves an unreadable (torn, corrupt or unopenable) file out of the way, keeping every byte:
+/// renames `dir/name` to `dir/name.corrupt-<unix ms>` (`-1`, `-2`, ... appended when that name
+/// is taken) and fsyncs the directory, so a later write of `name` cannot destroy it. An
+/// existing file is never replaced: the new name is made with `link(2)`, which fails rather
+/// than overwrite, and only then is the old name removed. Returns the new path.
+///
+/// # Errors
+/// IO errors. On error `path` is still there (possibly with a second name, the aside copy);
+/// the caller must then not write `path` either.
+pub fn set_aside(path: &Path) -> io::Result<PathBuf> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?
+        .to_string_lossy()
+        .into_owned();
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    for n in 0..1_000u32 {
+        let aside = match n {
+            0 => path.with_file_name(format!("{name}.corrupt-{ms}")),
+            n => path.with_file_name(format!("{name}.corrupt-{ms}-{n}")),
+        };
+        match std::fs::hard_link(path, &aside) {
+            Ok(()) => {
+                std::fs::remove_file(path)?;
+                let dir = match path.parent() {
+                    Some(p) if !p.as_os_str().is_empty() => p,
+                    _ => Path::new("."),
+                };
+                std::fs::File::open(dir)?.sync_all()?;
+                return Ok(aside);
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::AlreadyExists,
+        format!("{name}.corrupt-{ms}-*: every name taken"),
+    ))
 }
 
 /// Creates the data directory (mode 0700, parents too) if needed; an existing directory that

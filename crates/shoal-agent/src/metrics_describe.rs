@@ -26,6 +26,7 @@ const COUNTERS: &[(&str, &str)] = &[
     ("shoal_consul_accept_errors_total", "Consul-compatible port accept() failures."),
     ("shoal_consul_connections_refused_total", "Consul-compatible port connections closed at accept over [consul] max_connections."),
     ("shoal_dns_queries_total", "DNS queries answered, by response code (NOERROR includes NODATA)."),
+    ("shoal_files_set_aside_total", "Unreadable data-dir files moved aside to <name>.corrupt-<unix ms> (kept, never overwritten), by file."),
     ("shoal_full_snapshot_fallbacks_total", "Full snapshots installed after a gap, failed validation or expired delta retention."),
     ("shoal_full_snapshots_refused_total", "Full snapshots refused (bad checksum, signature or heads)."),
     ("shoal_health_flaps_total", "Health records applied that report failing readiness."),

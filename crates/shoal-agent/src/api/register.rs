@@ -157,10 +157,10 @@ pub(super) fn check_owner(
 }
 
 /// Refuses to register `addr` for `who` while a live (not EXPIRED) instance of this node at the
-/// same address is owned by another uid, unless `who` may change that instance (orchestrator or
-/// admin of its service). Without this, a caller allowed to register anything could take over
-/// another application's traffic by registering a fresh instance id at that application's
-/// address. Instances of other nodes are not checked here: the agent cannot tell a moved
+/// same address is owned by another uid or has no recorded owner (an unreadable owners file,
+/// a full owner table), unless `who` may change that instance (orchestrator or admin of its
+/// service). Without this, a caller allowed to register anything could take over another
+/// application's traffic by registering a fresh instance id at that application's address. Instances of other nodes are not checked here: the agent cannot tell a moved
 /// address from a stolen one (a region-wide check belongs to the authority; a known gap).
 pub(super) fn check_address(
     shared: &Shared,
@@ -182,9 +182,11 @@ pub(super) fn check_address(
                     && r.endpoint.address == addr
             })
             .find_map(|(k, i, _)| {
-                let o = shared.owners.get(k, i.as_str())?;
-                (o.uid != who.uid && !shared.cfg.access.allows(who, Action::ChangeOthers, k))
-                    .then(|| (k.clone(), i.clone(), o.uid))
+                // An instance whose owner is unknown (an unreadable owners file, a full owner
+                // table) still holds its address: only an orchestrator or admin may reuse it.
+                let uid = shared.owners.get(k, i.as_str()).map(|o| o.uid);
+                (uid != Some(who.uid) && !shared.cfg.access.allows(who, Action::ChangeOthers, k))
+                    .then(|| (k.clone(), i.clone(), uid))
             });
         found
     };
@@ -193,10 +195,12 @@ pub(super) fn check_address(
         Some((k, i, uid)) => {
             // Name the holder only to a caller who may read its service (reads may be
             // granted per service); the refusal itself must still say the address is taken.
-            let holder = if shared.cfg.access.allows(who, Action::Read, &k) {
-                format!("instance `{i}` of {k}, owned by uid {uid}")
-            } else {
-                "another owner's instance".to_owned()
+            let holder = match uid {
+                _ if !shared.cfg.access.allows(who, Action::Read, &k) => {
+                    "another owner's instance".to_owned()
+                }
+                Some(uid) => format!("instance `{i}` of {k}, owned by uid {uid}"),
+                None => format!("instance `{i}` of {k}, whose owner is not recorded on this agent"),
             };
             Err(forbidden(
                 shared,
