@@ -6,6 +6,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::files::{self, FileError};
@@ -31,32 +32,26 @@ pub struct DirLock {
     _file: File,
 }
 
-/// Takes the data directory's lock ([`LOCK_FILE`]) without waiting, and writes our pid in it.
+/// Takes the data directory's lock ([`LOCK_FILE`], created 0600) without waiting, and writes
+/// our pid in it. A missing directory is created 0700 (its parents too); an existing one is
+/// not changed (warned about when group or others can reach it).
 ///
 /// # Errors
 /// [`FileError::Busy`] when another process (a running replica) holds it; [`FileError::Io`].
 pub fn lock_data_dir(dir: &Path) -> Result<DirLock, FileError> {
-    fs::create_dir_all(dir).map_err(|e| FileError::io(dir, e))?;
+    shoal_transport::keyfile::ensure_private_dir(dir).map_err(|e| FileError::io(dir, e.into()))?;
     let path = dir.join(LOCK_FILE);
     let mut file = OpenOptions::new()
         .create(true)
         .truncate(false)
         .read(true)
         .write(true)
+        .mode(0o600)
         .open(&path)
         .map_err(|e| FileError::io(&path, e))?;
     match file.try_lock() {
         Ok(()) => {}
-        Err(fs::TryLockError::WouldBlock) => {
-            let pid = fs::read_to_string(&path).unwrap_or_default();
-            return Err(FileError::Busy {
-                path,
-                what: format!(
-                    "held by a running replica (pid {}); stop it first",
-                    pid.trim()
-                ),
-            });
-        }
+        Err(fs::TryLockError::WouldBlock) => return Err(busy(&path)),
         Err(fs::TryLockError::Error(e)) => return Err(FileError::io(&path, e)),
     }
     file.set_len(0)
@@ -66,9 +61,54 @@ pub fn lock_data_dir(dir: &Path) -> Result<DirLock, FileError> {
     Ok(DirLock { _file: file })
 }
 
-/// Whether a running process holds the data directory's lock.
+fn busy(lock: &Path) -> FileError {
+    let pid = fs::read_to_string(lock).unwrap_or_default();
+    FileError::Busy {
+        path: lock.to_path_buf(),
+        what: format!(
+            "held by a running replica (pid {}); stop it first",
+            pid.trim()
+        ),
+    }
+}
+
+/// Refuses a data directory that does not exist (an operator command must not create one:
+/// a typo would otherwise leave a new directory behind and blame a stopped replica).
+///
+/// # Errors
+/// [`FileError::Io`] (`NotFound`: "no replica data directory at ...", or not a directory).
+pub fn existing_data_dir(dir: &Path) -> Result<(), FileError> {
+    match fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(FileError::Io {
+            path: dir.to_path_buf(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::NotADirectory,
+                "not a directory, so not a replica data directory (check --data-dir)",
+            ),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(FileError::Io {
+            path: dir.to_path_buf(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!(
+                    "no replica data directory at {} (check --data-dir)",
+                    dir.display()
+                ),
+            ),
+        }),
+        Err(e) => Err(FileError::io(dir, e)),
+    }
+}
+
+/// Whether a running process holds the data directory's lock. Only looks: creates nothing,
+/// writes nothing (a missing lock file means no replica has run here).
 fn dir_is_locked(dir: &Path) -> bool {
-    matches!(lock_data_dir(dir), Err(FileError::Busy { .. }))
+    let path = dir.join(LOCK_FILE);
+    let Ok(file) = File::open(&path) else {
+        return false;
+    };
+    matches!(file.try_lock_shared(), Err(fs::TryLockError::WouldBlock))
 }
 
 /// Copies the verified snapshot of a (running or stopped) replica's data directory to `out`.
@@ -79,14 +119,15 @@ fn dir_is_locked(dir: &Path) -> bool {
 /// written atomically and checked (checksum and the state's invariants) before and after.
 ///
 /// # Errors
-/// No snapshot and the replica is stopped (start it: a stopped replica's log may hold
-/// uncommitted entries, which must not go into a backup), no snapshot within `wait`, a damaged
-/// snapshot, or IO. `out` is untouched on error.
+/// No data directory (it is never created), no snapshot and the replica is stopped (start
+/// it: a stopped replica's log may hold uncommitted entries, which must not go into a
+/// backup), no snapshot within `wait`, a damaged snapshot, or IO. `out` is untouched on error.
 pub fn save_snapshot(
     data_dir: &Path,
     out: &Path,
     wait: std::time::Duration,
 ) -> Result<SnapshotMeta, FileError> {
+    existing_data_dir(data_dir)?;
     let src = data_dir.join(SNAPSHOT_FILE);
     let snap = match StoredSnapshot::read(&src)? {
         Some((snap, _)) => snap,
@@ -102,7 +143,13 @@ pub fn save_snapshot(
                 });
             }
             let req = data_dir.join(SNAPSHOT_REQUEST_FILE);
-            File::create(&req).map_err(|e| FileError::io(&req, e))?;
+            OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .write(true)
+                .mode(0o600)
+                .open(&req)
+                .map_err(|e| FileError::io(&req, e))?;
             let deadline = std::time::Instant::now() + wait;
             loop {
                 if let Some((snap, _)) = StoredSnapshot::read(&src)? {
@@ -291,7 +338,11 @@ pub fn restore_snapshot(
     let term = old_term.max(snap.meta.last_log_id.map_or(0, |l| l.leader_id.term));
     if !existing.is_empty() {
         let aside = data_dir.join(format!("pre-restore-{cluster_id}"));
-        fs::create_dir_all(&aside).map_err(|e| FileError::io(&aside, e))?;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&aside)
+            .map_err(|e| FileError::io(&aside, e))?;
         for f in &existing {
             let to = aside.join(f);
             fs::rename(data_dir.join(f), &to).map_err(|e| FileError::io(&to, e))?;
@@ -340,8 +391,7 @@ pub fn restore_snapshot(
             "from_log_index": last_index,
         }
     });
-    fs::write(&audit, format!("{header}\n")).map_err(|e| FileError::io(&audit, e))?;
-    files::sync_dir(&audit)?;
+    files::write_plain_atomic(&audit, format!("{header}\n").as_bytes())?;
     Ok(report)
 }
 

@@ -36,6 +36,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
+use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -251,6 +252,7 @@ impl Replica {
         let audit = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
+            .mode(0o600) // it names local callers (uid, pid, executable)
             .open(cfg.data_dir.join(AUDIT_FILE))
             .ok();
         let replica = Arc::new(Self {

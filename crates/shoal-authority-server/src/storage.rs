@@ -130,6 +130,7 @@ impl LogStore {
             .create(true)
             .read(true)
             .append(true)
+            .mode(0o600) // every command: service keys, addresses, callers' executables
             .open(&path)
             .map_err(|e| FileError::io(&path, e))?;
         if valid_len < bytes.len() as u64 {
@@ -263,7 +264,13 @@ impl LogInner {
             offsets.push((*idx, buf.len() as u64));
             files::push_record(&mut buf, &enc(entry));
         }
-        let mut f = File::create(&tmp).map_err(|e| FileError::io(&tmp, e))?;
+        let mut f = OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| FileError::io(&tmp, e))?;
         f.write_all(&buf).map_err(|e| FileError::io(&tmp, e))?;
         f.sync_all().map_err(|e| FileError::io(&tmp, e))?;
         drop(f);
@@ -848,3 +855,69 @@ pub use crate::backup::{
     lock_data_dir, restore_snapshot, save_snapshot, DirLock, RestoreOptions, RestoreReport,
     DEFAULT_RESTORE_MARGIN, LOCK_FILE, SNAPSHOT_REQUEST_FILE,
 };
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    fn mode(p: &Path) -> u32 {
+        fs::metadata(p)
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+            .permissions()
+            .mode()
+            & 0o777
+    }
+
+    /// The Raft log holds every command (service keys, addresses, callers' executables): the
+    /// data directory is created 0700 and every file in it 0600, whatever the umask allows.
+    #[test]
+    fn the_data_dir_and_every_file_the_log_writes_are_private() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("new/data");
+        let lock = lock_data_dir(&dir).unwrap();
+        assert_eq!(mode(&dir), 0o700, "data dir");
+        assert_eq!(mode(&dir.join(LOCK_FILE)), 0o600, "{LOCK_FILE}");
+        let log = LogStore::open(&dir).unwrap();
+        assert_eq!(mode(&dir.join(LOG_FILE)), 0o600, "{LOG_FILE} at open");
+        // Compaction rewrites the log through a temp file: the new file is private too.
+        fs::remove_file(dir.join(LOG_FILE)).unwrap();
+        log.inner.lock().unwrap().rewrite().unwrap();
+        assert_eq!(
+            mode(&dir.join(LOG_FILE)),
+            0o600,
+            "{LOG_FILE} after a rewrite"
+        );
+        // Snapshots (built, installed, restored) go through the same atomic writer.
+        let snap = StoredSnapshot {
+            meta: SnapshotMeta::default(),
+            data: vec![1, 2, 3],
+        };
+        snap.write(&dir.join(SNAPSHOT_FILE)).unwrap();
+        assert_eq!(mode(&dir.join(SNAPSHOT_FILE)), 0o600, "{SNAPSHOT_FILE}");
+        drop(lock);
+    }
+
+    /// `snapshot save --data-dir <typo>` must not create the directory (nor a lock file in it).
+    #[test]
+    fn saving_from_a_missing_data_dir_creates_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let typo = tmp.path().join("nonexistent");
+        let out = tmp.path().join("backup.snap");
+        let e = save_snapshot(&typo, &out, std::time::Duration::ZERO)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no replica data directory at"), "{e}");
+        assert!(!typo.exists(), "created {}", typo.display());
+        assert!(!out.exists());
+        // An existing directory with no snapshot and no running replica: told to start it,
+        // and still nothing is created in it (no lock file).
+        fs::create_dir(&typo).unwrap();
+        let e = save_snapshot(&typo, &out, std::time::Duration::ZERO)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("the replica is not running"), "{e}");
+        assert_eq!(fs::read_dir(&typo).unwrap().count(), 0, "nothing written");
+    }
+}

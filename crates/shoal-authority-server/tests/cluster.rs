@@ -453,6 +453,22 @@ async fn three_authorities_failover_quorum_loss_and_stale_generations() {
         assert!(Instant::now() < deadline, "no snapshot");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The data directory holds every command (service keys, addresses, callers'
+    // executables): created 0700, every file in it 0600.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&data), 0o700, "{}", data.display());
+        for entry in std::fs::read_dir(&data).unwrap() {
+            let p = entry.unwrap().path();
+            if p.is_file() {
+                assert_eq!(mode(&p), 0o600, "{}", p.display());
+            }
+        }
+        for f in ["raft.log", "replica.lock", "audit.log", "snapshot.bin"] {
+            assert!(data.join(f).exists(), "{f}");
+        }
+    }
     c.shutdown().await;
 }
 
