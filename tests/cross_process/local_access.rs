@@ -388,3 +388,73 @@ fn a_torn_owners_file_keeps_addresses_taken_and_is_kept_aside() {
         "{m}"
     );
 }
+
+/// With `[access] reads = "granted"` the metrics port (no caller identity) must not list the
+/// service keys the socket refuses to ungranted callers: the per-service series are exported
+/// once, summed, under `service="_withheld"`, unless the operator opts in with
+/// `metrics_service_labels = true`. Needs no other unix user (the test is root: an admin).
+#[test]
+fn granted_reads_keep_service_keys_off_the_metrics_port() {
+    const METRICS3: &str = "127.0.43.1:29543";
+    let mut c = Cluster::new(43, 1);
+    let agent = &mut c.agents[0];
+    let text = std::fs::read_to_string(&agent.config).unwrap();
+    let granted = text
+        .replace("dev_allow_all = true\n", "reads = \"granted\"\n")
+        .replace(
+            "cluster_size = 8\n",
+            &format!("cluster_size = 8\nmetrics = \"{METRICS3}\"\n"),
+        );
+    std::fs::write(&agent.config, &granted).unwrap();
+    agent.start();
+    eventually(Duration::from_secs(20), "agent answers", || {
+        agent.get("/v1/agent/self").map(|_| ())
+    });
+    register_ready(agent, "web-1", "10.0.0.7:8080");
+    let withheld = [("service", "_withheld")];
+    let m = eventually(Duration::from_secs(20), "the summed ready series", || {
+        let m = metrics_text(METRICS3);
+        (metric_sum(&m, "shoal_ready_endpoints", &withheld) == 1.0).then_some(m)
+    });
+    assert!(
+        !m.contains("prod/web/http"),
+        "a service key on /metrics:\n{m}"
+    );
+    assert!(
+        m.lines()
+            .filter(|l| l.starts_with("shoal_no_backend_total"))
+            .all(|l| l.contains("service=\"_withheld\"")),
+        "{m}"
+    );
+    // A pick of an unknown service answers 503 and is counted without its name.
+    let (code, _) = agent
+        .get("/v1/services/prod/secret-payments/http/pick")
+        .unwrap();
+    assert_eq!(code, 503);
+    let m = metrics_text(METRICS3);
+    assert!(!m.contains("secret-payments"), "{m}");
+    assert_eq!(
+        metric_sum(&m, "shoal_no_backend_total", &withheld),
+        1.0,
+        "{m}"
+    );
+    assert!(strip_ansi(&agent.log()).contains("per-service metric series withheld"));
+
+    // The explicit opt-in exports them (and says so at start).
+    agent.stop();
+    std::fs::write(
+        &agent.config,
+        granted.replace(
+            "cluster_size = 8\n",
+            "cluster_size = 8\nmetrics_service_labels = true\n",
+        ),
+    )
+    .unwrap();
+    agent.start();
+    eventually(Duration::from_secs(20), "the per-service series", || {
+        let m = metrics_text(METRICS3);
+        (metric_sum(&m, "shoal_ready_endpoints", &[("service", "prod/web/http")]) == 1.0)
+            .then_some(())
+    });
+    assert!(strip_ansi(&agent.log()).contains("/metrics shows every service key"));
+}

@@ -636,7 +636,16 @@ impl RefusalLog {
         }
         seen.insert(id);
         tracing::warn!(caller = %who, route, code = denied.code, reason = %denied.reason,
-            "local API write refused (logged once per caller, route and reason)");
+            "{}", refusal_message(route));
+    }
+}
+
+/// The log line of a refusal on `route` (`read` is the one read route; the others write).
+fn refusal_message(route: &str) -> &'static str {
+    if route == "read" {
+        "local API read refused (logged once per caller, route and reason)"
+    } else {
+        "local API write refused (logged once per caller, route and reason)"
     }
 }
 
@@ -932,6 +941,14 @@ mod tests {
                 gid: 1001
             })
         );
+    }
+
+    #[test]
+    fn a_refused_read_is_logged_as_a_read() {
+        assert!(refusal_message("read").starts_with("local API read refused"));
+        for write in ["register", "ready", "drain", "deregister", "report"] {
+            assert!(refusal_message(write).starts_with("local API write refused"));
+        }
     }
 
     #[test]

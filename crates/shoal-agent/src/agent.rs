@@ -248,6 +248,16 @@ pub async fn run_until(
         if !addr.ip().is_loopback() {
             tracing::warn!(%addr, "metrics served on a NON-LOOPBACK address (metrics_allow_non_loopback = true): unauthenticated");
         }
+        let granted = shared.cfg.raw.access.reads == crate::access::ReadAccess::Granted;
+        match (granted, shared.cfg.metrics_per_service) {
+            (true, true) => {
+                tracing::warn!(%addr, "metrics_service_labels = true with [access] reads = \"granted\": /metrics shows every service key to whoever can connect to it")
+            }
+            (_, false) => {
+                tracing::info!(%addr, "per-service metric series withheld (service=\"_withheld\", summed): the metrics port has no caller identity ([access] reads = \"granted\" or metrics_service_labels = false)")
+            }
+            (false, true) => {}
+        }
         let l = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("metrics listener {addr}"))?;

@@ -59,7 +59,10 @@
 //! ```
 //!
 //! The metrics listener must be a loopback address unless `metrics_allow_non_loopback = true`
-//! (the metrics carry service names and counts; there is no authentication on it).
+//! (the metrics carry service names and counts; there is no authentication on it). With
+//! `[access] reads = "granted"` the per-service series are withheld (exported summed under
+//! `service="_withheld"`) unless `metrics_service_labels = true`: the metrics port cannot tell
+//! who reads, as the Consul, DNS and xDS ports cannot (those refuse to start in that mode).
 //! `[access] dev_allow_all = true` (every local caller may do everything) is for the local
 //! development scripts only and is logged loudly at start.
 //!
@@ -143,6 +146,14 @@ pub struct AgentConfig {
     /// Allow a non-loopback `metrics` address (unauthenticated; off by default).
     #[serde(default)]
     pub metrics_allow_non_loopback: bool,
+    /// Export per-service series on `/metrics` (`shoal_ready_endpoints{service}`,
+    /// `shoal_no_backend_total{service}`). Unset: yes with `[access] reads = "open"`, no with
+    /// `reads = "granted"`: the metrics port has no caller identity, so its labels would show
+    /// every service key to whoever can connect; the series are then exported once, under
+    /// `service="_withheld"`, summed over every service. `true` exports them anyway
+    /// (logged at start), `false` withholds them in either mode.
+    #[serde(default)]
+    pub metrics_service_labels: Option<bool>,
     /// Seed addresses `host:port` (IP or DNS name, resolved at every join attempt).
     #[serde(default)]
     pub seeds: Vec<String>,
@@ -560,6 +571,9 @@ pub struct Validated {
     pub agent_uid: u32,
     /// Gid for the socket file, when `[api] socket_group` is set.
     pub socket_gid: Option<u32>,
+    /// Whether `/metrics` carries per-service labels (`metrics_service_labels`, defaulting
+    /// to whether reads are open).
+    pub metrics_per_service: bool,
 }
 
 /// Why `node_keys` is refused (agent `[trust]` and authority `[mesh]` alike).
@@ -752,7 +766,11 @@ pub fn validate(raw: AgentConfig) -> Result<Validated, ConfigError> {
         }
     }
     let mesh = mesh_config(&raw)?;
+    let metrics_per_service = raw
+        .metrics_service_labels
+        .unwrap_or(raw.access.reads == crate::access::ReadAccess::Open);
     Ok(Validated {
+        metrics_per_service,
         node_id,
         region,
         zone,
@@ -842,6 +860,20 @@ dev = true
             "{}",
             err(&granted)
         );
+    }
+
+    #[test]
+    fn per_service_metric_labels_follow_the_read_policy_unless_set() {
+        let v = |text: &str| validate(toml::from_str(text).unwrap()).unwrap();
+        let at_top = |line: &str, rest: &str| format!("{line}\n{BASE}{rest}");
+        let granted = "\n[access]\nreads = \"granted\"\n";
+        assert!(v(BASE).metrics_per_service, "open reads: labelled");
+        assert!(
+            !v(&format!("{BASE}{granted}")).metrics_per_service,
+            "granted: withheld"
+        );
+        assert!(v(&at_top("metrics_service_labels = true", granted)).metrics_per_service);
+        assert!(!v(&at_top("metrics_service_labels = false", "")).metrics_per_service);
     }
 
     #[test]

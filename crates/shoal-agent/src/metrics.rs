@@ -7,7 +7,7 @@
 //! | --- | --- |
 //! | registration / renewal write rate | `shoal_authority_writes_total{op,result}`; renewals are not the agent's writes: a live node renews its instances' leases by answering SWIM probes, and the only renewal that reaches the authority (a `NodeUp` after the node was held down) is counted by the authority replica, `shoal_renewal_writes_total` / `shoal_leases_renewed_total` (`crates/shoal-authority-server/src/renewals.rs`) |
 //! | catalog write latency | `shoal_authority_rpc_seconds{op}` (histogram) |
-//! | READY count per service | `shoal_ready_endpoints{service}` |
+//! | READY count per service | `shoal_ready_endpoints{service}` (with `[access] reads = "granted"`, one series `service="_withheld"` summed over services unless `metrics_service_labels = true`; the same for `shoal_no_backend_total`) |
 //! | state flapping | `shoal_lifecycle_transitions_total{to}`, `shoal_health_flaps_total` |
 //! | probe latency | `shoal_probe_duration_seconds{kind}` |
 //! | watch lag | `shoal_watch_lag_seconds` (authority commit -> applied here; per endpoint: `committed_at_ms` / `applied_at_ms` in the API, `shoal_apply_times_dropped_total` when that map is full) |
@@ -52,6 +52,11 @@ use crate::state::Shared;
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
+/// The `service` label of the per-service families when the agent withholds service keys
+/// from `/metrics` (`metrics_service_labels`, by default with `[access] reads = "granted"`):
+/// one series summed over every service.
+pub const WITHHELD_SERVICE_LABEL: &str = "_withheld";
+
 /// Installs the process-wide recorder (idempotent) and returns its handle.
 pub fn install() -> Option<PrometheusHandle> {
     HANDLE
@@ -95,6 +100,8 @@ fn export_state(shared: &Shared, transport: &TransportCounters) {
         let mesh = shared.mesh.read().expect("mesh lock");
         export_counters(&mesh, transport);
         let liveness = mesh.liveness();
+        let per_service = shared.cfg.metrics_per_service;
+        let mut withheld = 0usize;
         for key in mesh.catalog().service_keys() {
             let ready = mesh.catalog().service(key).map_or(0, |s| {
                 s.instances
@@ -102,9 +109,19 @@ fn export_state(shared: &Shared, transport: &TransportCounters) {
                     .filter(|e| is_routable(e, &liveness))
                     .count()
             });
+            if !per_service {
+                withheld += ready;
+                continue;
+            }
             gauge!("shoal_ready_endpoints", "service" => key.to_string()).set(ready as f64);
             // The no-backend series of every known service exists before its first 503.
             counter!("shoal_no_backend_total", "service" => key.to_string()).increment(0);
+        }
+        if !per_service {
+            // No service key on the metrics port (see `metrics_service_labels`): one series.
+            gauge!("shoal_ready_endpoints", "service" => WITHHELD_SERVICE_LABEL)
+                .set(withheld as f64);
+            counter!("shoal_no_backend_total", "service" => WITHHELD_SERVICE_LABEL).increment(0);
         }
     }
     gauge!("shoal_snapshot_age_seconds").set(shared.snapshot_age_ms() as f64 / 1000.0);

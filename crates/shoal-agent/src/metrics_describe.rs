@@ -36,7 +36,7 @@ const COUNTERS: &[(&str, &str)] = &[
     ("shoal_mesh_bytes_total", "Mesh stream bytes by direction and message kind."),
     ("shoal_mesh_messages_total", "Mesh stream messages by direction and message kind."),
     ("shoal_mesh_overflow_total", "Mesh queue overflows by queue (outbox, transmit, event); the item is dropped."),
-    ("shoal_no_backend_total", "Pick requests answered \"no backend\" (503), by service (\"_unknown\" for a service neither in the catalog nor in the policy)."),
+    ("shoal_no_backend_total", "Pick requests answered \"no backend\" (503), by service (\"_unknown\" for a service neither in the catalog nor in the policy; one series \"_withheld\" for all when service keys are withheld, see metrics_service_labels)."),
     ("shoal_persist_total", "Snapshot persistence attempts by result."),
     ("shoal_probe_exec_total", "Exec probe incidents by result (spawn_error, timeout_killed)."),
     ("shoal_probes_total", "Health probes run, by kind and result."),
@@ -97,7 +97,7 @@ const GAUGES: &[(&str, &str)] = &[
     ),
     (
         "shoal_ready_endpoints",
-        "Routable (READY, healthy, owner up, not ejected) endpoints per service.",
+        "Routable (READY, healthy, owner up, not ejected) endpoints per service (one series \"_withheld\", summed, when service keys are withheld: metrics_service_labels).",
     ),
     (
         "shoal_snapshot_age_seconds",

@@ -236,7 +236,9 @@ pub(super) async fn pick(
         Err(why) => {
             // A caller may name any service: only one the catalog or the policy knows gets its
             // own label, so requests cannot grow the label set without bound.
-            let label = if known || shared.failover.has_policy(&key) {
+            let label = if !shared.cfg.metrics_per_service {
+                crate::metrics::WITHHELD_SERVICE_LABEL.to_owned()
+            } else if known || shared.failover.has_policy(&key) {
                 key.to_string()
             } else {
                 UNKNOWN_SERVICE_LABEL.to_owned()
