@@ -88,12 +88,13 @@ pub const DEFAULT_SOCKET: &str = "/run/shoal/agent.sock";
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("cannot read config {path}: {source}")]
+    #[error("cannot read config {path}: {error}")]
     Read {
         /// The file.
         path: PathBuf,
-        /// The IO error.
-        source: std::io::Error,
+        /// The IO error. In the message, and deliberately not the error's `source()`: the
+        /// `{:#}` of a binary's error chain would print it twice.
+        error: std::io::Error,
     },
     /// The TOML does not parse or has unknown / mistyped fields.
     #[error("config {path}: {message}")]
@@ -586,9 +587,9 @@ anywhere (docs/adr/0006-node-keys-in-lifecycle-records.md); delete the setting";
 /// # Errors
 /// [`ConfigError`] naming the file, field and problem.
 pub fn load(path: &Path, overrides: Overrides) -> Result<Validated, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+    let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
         path: path.to_owned(),
-        source,
+        error,
     })?;
     let mut raw: AgentConfig = toml::from_str(&text).map_err(|e| ConfigError::Parse {
         path: path.to_owned(),

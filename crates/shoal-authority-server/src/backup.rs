@@ -82,14 +82,14 @@ pub fn existing_data_dir(dir: &Path) -> Result<(), FileError> {
         Ok(m) if m.is_dir() => Ok(()),
         Ok(_) => Err(FileError::Io {
             path: dir.to_path_buf(),
-            source: std::io::Error::new(
+            error: std::io::Error::new(
                 std::io::ErrorKind::NotADirectory,
                 "not a directory, so not a replica data directory (check --data-dir)",
             ),
         }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(FileError::Io {
             path: dir.to_path_buf(),
-            source: std::io::Error::new(
+            error: std::io::Error::new(
                 std::io::ErrorKind::NotFound,
                 format!(
                     "no replica data directory at {} (check --data-dir)",
@@ -118,16 +118,25 @@ fn dir_is_locked(dir: &Path) -> bool {
 /// picked up within its `expire_interval_ms`) and waits up to `wait` for it. The copy is
 /// written atomically and checked (checksum and the state's invariants) before and after.
 ///
+/// An existing `out` (an earlier backup) is replaced only when `replace` (`--force`); without
+/// it the copy is linked into place, which fails rather than overwrite a file that appeared
+/// meanwhile.
+///
 /// # Errors
-/// No data directory (it is never created), no snapshot and the replica is stopped (start
-/// it: a stopped replica's log may hold uncommitted entries, which must not go into a
-/// backup), no snapshot within `wait`, a damaged snapshot, or IO. `out` is untouched on error.
+/// No data directory (it is never created), `out` exists and not `replace`
+/// ([`FileError::Busy`]), no snapshot and the replica is stopped (start it: a stopped
+/// replica's log may hold uncommitted entries, which must not go into a backup), no snapshot
+/// within `wait`, a damaged snapshot, or IO. `out` is untouched on error.
 pub fn save_snapshot(
     data_dir: &Path,
     out: &Path,
     wait: std::time::Duration,
+    replace: bool,
 ) -> Result<SnapshotMeta, FileError> {
     existing_data_dir(data_dir)?;
+    if !replace && fs::symlink_metadata(out).is_ok() {
+        return Err(exists(out));
+    }
     let src = data_dir.join(SNAPSHOT_FILE);
     let snap = match StoredSnapshot::read(&src)? {
         Some((snap, _)) => snap,
@@ -135,7 +144,7 @@ pub fn save_snapshot(
             if !dir_is_locked(data_dir) {
                 return Err(FileError::Io {
                     path: src,
-                    source: std::io::Error::new(
+                    error: std::io::Error::new(
                         std::io::ErrorKind::NotFound,
                         "no snapshot yet and the replica is not running: start it and run \
                          save again (a running replica builds one on request)",
@@ -158,7 +167,7 @@ pub fn save_snapshot(
                 if std::time::Instant::now() >= deadline {
                     return Err(FileError::Io {
                         path: src,
-                        source: std::io::Error::new(
+                        error: std::io::Error::new(
                             std::io::ErrorKind::TimedOut,
                             format!("the running replica built no snapshot within {wait:?}"),
                         ),
@@ -168,12 +177,40 @@ pub fn save_snapshot(
             }
         }
     };
-    snap.write(out)?;
+    if replace {
+        snap.write(out)?;
+    } else {
+        write_new(&snap, out)?;
+    }
     StoredSnapshot::read(out)?.ok_or_else(|| FileError::Corrupt {
         path: out.to_path_buf(),
         what: "vanished after writing".into(),
     })?;
     Ok(snap.meta)
+}
+
+fn exists(out: &Path) -> FileError {
+    FileError::Busy {
+        path: out.to_path_buf(),
+        what: "already exists, refusing to overwrite it (pass --force to replace it)".into(),
+    }
+}
+
+/// Writes `snap` to `out`, which must not exist: a complete temp file beside it, linked into
+/// place (`link(2)` fails on an existing name, so nothing is ever overwritten), then removed.
+fn write_new(snap: &StoredSnapshot, out: &Path) -> Result<(), FileError> {
+    let name = out
+        .file_name()
+        .map_or_else(|| "snapshot".into(), |n| n.to_string_lossy().into_owned());
+    let tmp = out.with_file_name(format!(".{name}.new-{}", std::process::id()));
+    snap.write(&tmp)?;
+    let linked = fs::hard_link(&tmp, out);
+    let _ = fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => files::sync_dir(out),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(exists(out)),
+        Err(e) => Err(FileError::io(out, e)),
+    }
 }
 
 /// How to restore: see [`restore_snapshot`].
@@ -246,7 +283,7 @@ pub fn restore_snapshot(
 ) -> Result<RestoreReport, FileError> {
     let (snap, mut state) = StoredSnapshot::read(file)?.ok_or_else(|| FileError::Io {
         path: file.to_path_buf(),
-        source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such snapshot file"),
+        error: std::io::Error::new(std::io::ErrorKind::NotFound, "no such snapshot file"),
     })?;
     shoal_transport::keyfile::ensure_private_dir(data_dir)
         .map_err(|e| FileError::io(data_dir, e.into()))?;

@@ -232,14 +232,18 @@ pub enum SnapshotCmd {
     /// Copy the latest verified snapshot of a data directory to `file`. A running replica
     /// that has none yet is asked for one first.
     Save {
-        /// Destination file (written atomically).
+        /// Destination file (written atomically, mode 0600). Refuses to overwrite an existing
+        /// file unless `--force`.
         file: PathBuf,
-        /// The replica's data directory.
+        /// The replica's data directory (never created by this command).
         #[arg(long)]
         data_dir: PathBuf,
         /// How long to wait for a running replica to build its first snapshot, ms.
         #[arg(long, default_value_t = 30_000)]
         wait_ms: u64,
+        /// Replace an existing `file` (atomically).
+        #[arg(long)]
+        force: bool,
     },
     /// Disaster recovery: start a NEW cluster incarnation from `file` in a STOPPED replica's
     /// data directory (fresh vote and log; revisions and generations above `--floor`). See
@@ -340,8 +344,10 @@ pub async fn run(cmd: AuthorityCmd) -> anyhow::Result<()> {
                 file,
                 data_dir,
                 wait_ms,
+                force,
             } => {
-                let meta = storage::save_snapshot(&data_dir, &file, Duration::from_millis(wait_ms))
+                let wait = Duration::from_millis(wait_ms);
+                let meta = storage::save_snapshot(&data_dir, &file, wait, force)
                     .with_context(|| format!("saving the snapshot of {}", data_dir.display()))?;
                 println!("saved snapshot {} to {}", meta.snapshot_id, file.display());
                 Ok(())

@@ -25,12 +25,13 @@ pub const MAX_PAYLOAD_BYTES: usize = 256 << 20;
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
     /// The operating system failed; nothing was replaced.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         /// The file.
         path: PathBuf,
-        /// The error.
-        source: io::Error,
+        /// The error. In the message, and deliberately not the error's `source()`: the `{:#}`
+        /// of the binary's error chain would print it twice.
+        error: io::Error,
     },
     /// The file exists but is torn, truncated or fails its checksum. It was not loaded; an
     /// operator must restore it (e.g. from a peer's snapshot) before the replica may start.
@@ -61,10 +62,10 @@ pub enum FileError {
 }
 
 impl FileError {
-    pub(crate) fn io(path: &Path, source: io::Error) -> Self {
+    pub(crate) fn io(path: &Path, error: io::Error) -> Self {
         Self::Io {
             path: path.to_path_buf(),
-            source,
+            error,
         }
     }
 }

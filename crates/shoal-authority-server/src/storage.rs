@@ -905,7 +905,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let typo = tmp.path().join("nonexistent");
         let out = tmp.path().join("backup.snap");
-        let e = save_snapshot(&typo, &out, std::time::Duration::ZERO)
+        let e = save_snapshot(&typo, &out, std::time::Duration::ZERO, false)
             .unwrap_err()
             .to_string();
         assert!(e.contains("no replica data directory at"), "{e}");
@@ -914,10 +914,48 @@ mod tests {
         // An existing directory with no snapshot and no running replica: told to start it,
         // and still nothing is created in it (no lock file).
         fs::create_dir(&typo).unwrap();
-        let e = save_snapshot(&typo, &out, std::time::Duration::ZERO)
+        let e = save_snapshot(&typo, &out, std::time::Duration::ZERO, false)
             .unwrap_err()
             .to_string();
         assert!(e.contains("the replica is not running"), "{e}");
         assert_eq!(fs::read_dir(&typo).unwrap().count(), 0, "nothing written");
+    }
+
+    /// `snapshot save` onto an existing backup is refused without `--force` (as `certs` and
+    /// `keygen` are); the old backup is untouched. With it, the file is replaced atomically.
+    #[test]
+    fn saving_over_an_existing_backup_needs_force() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("data");
+        fs::create_dir(&dir).unwrap();
+        let state = shoal_authority::AuthorityState::new("test-1".parse().unwrap());
+        let snap = StoredSnapshot {
+            meta: SnapshotMeta {
+                snapshot_id: "s-1".into(),
+                ..SnapshotMeta::default()
+            },
+            data: state.encode(),
+        };
+        snap.write(&dir.join(SNAPSHOT_FILE)).unwrap();
+        let out = tmp.path().join("backup.snap");
+        let wait = std::time::Duration::ZERO;
+        assert_eq!(
+            save_snapshot(&dir, &out, wait, false).unwrap().snapshot_id,
+            "s-1"
+        );
+        assert_eq!(mode(&out), 0o600);
+        fs::write(&out, b"an older backup").unwrap();
+        let e = save_snapshot(&dir, &out, wait, false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("already exists") && e.contains("--force"), "{e}");
+        assert_eq!(fs::read(&out).unwrap(), b"an older backup", "untouched");
+        let stray: Vec<_> = fs::read_dir(tmp.path()).unwrap().collect();
+        assert_eq!(stray.len(), 2, "no temp file left: {stray:?}");
+        assert_eq!(
+            save_snapshot(&dir, &out, wait, true).unwrap().snapshot_id,
+            "s-1"
+        );
+        assert!(StoredSnapshot::read(&out).unwrap().is_some());
     }
 }

@@ -449,7 +449,7 @@ async fn three_authorities_failover_quorum_loss_and_stale_generations() {
     let snap = cl.root.join("saved.snapshot");
     let data = cl.nodes[leader3].dir.join("data");
     let deadline = Instant::now() + Duration::from_secs(10);
-    while storage::save_snapshot(&data, &snap, Duration::from_secs(5)).is_err() {
+    while storage::save_snapshot(&data, &snap, Duration::from_secs(5), false).is_err() {
         assert!(Instant::now() < deadline, "no snapshot");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -515,7 +515,7 @@ async fn restored_older_snapshot_signs_above_the_floor_and_agents_apply_it() {
     let old = cl.root.join("old.snapshot");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        if let Ok(meta) = storage::save_snapshot(&data, &old, Duration::from_secs(5)) {
+        if let Ok(meta) = storage::save_snapshot(&data, &old, Duration::from_secs(5), true) {
             if meta.last_log_id.is_some_and(|l| l.index >= 4) {
                 break;
             }

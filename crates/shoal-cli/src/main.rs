@@ -2,6 +2,19 @@
 //! socket, dev certificates and snapshot inspection. Human tables by default, `--json` for
 //! scripts.
 
+/// `println!` for the command's output: when stdout is a pipe whose reader has gone
+/// (`shoal snapshot inspect F | head`), the process ends quietly with status 0 instead of
+/// panicking (status 101), as a SIGPIPE-killed Unix tool would; any other write error ends it
+/// with status 1 and a message on stderr.
+macro_rules! outln {
+    () => {
+        $crate::out_line(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        $crate::out_line(format_args!($($arg)*))
+    };
+}
+
 mod authority;
 mod http;
 
@@ -98,7 +111,8 @@ enum Cmd {
         /// Label `dimension=value` (repeatable).
         #[arg(long)]
         label: Vec<String>,
-        /// Probes as JSON (`{"readiness": {"action": {"tcp": {}}, "period_ms": 1000, ...}}`).
+        /// Probes as JSON, e.g. `{"readiness": {"action": {"tcp": {}}, "period_ms": 1000, "timeout_ms": 500}}`
+        /// (timeout_ms, default 1000, must be below period_ms, default 2000).
         #[arg(long)]
         probes: Option<String>,
     },
@@ -269,6 +283,24 @@ fn runtime(cmd: &Cmd, workers: Option<usize>) -> tokio::runtime::Runtime {
     built.expect("tokio runtime")
 }
 
+/// Writes one line of output (see [`outln!`]).
+fn out_line(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let written = out
+        .write_fmt(args)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush());
+    match written {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(e) => {
+            eprintln!("error: writing to stdout: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
 fn socket_path(cli_socket: &Option<PathBuf>) -> PathBuf {
     cli_socket
         .clone()
@@ -335,7 +367,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             let path = format!("{}/pick", key_path(&key)?);
             get_and_print(&socket, &path, json_out, |v| {
                 let e = &v["endpoint"];
-                println!(
+                outln!(
                     "{} {} ({}, zone {})",
                     e["address"].as_str().unwrap_or("-"),
                     e["instance"].as_str().unwrap_or("-"),
@@ -415,7 +447,7 @@ async fn probe(socket: &Path, what: &str, json_out: bool) -> anyhow::Result<i32>
     match http::request(socket, "GET", &format!("/v1/agent/{what}"), None).await {
         Ok((status, v)) => {
             if json_out {
-                println!("{}", serde_json::to_string(&v)?);
+                outln!("{}", serde_json::to_string(&v)?);
             }
             if status == 200 {
                 Ok(0)
@@ -456,7 +488,7 @@ async fn post_and_print(
 ) -> anyhow::Result<i32> {
     let (status, v) = http::request(socket, "POST", path, Some(body)).await?;
     finish(status, &v, json_out, |v| {
-        println!("{}", serde_json::to_string_pretty(v).unwrap_or_default())
+        outln!("{}", serde_json::to_string_pretty(v).unwrap_or_default())
     })
 }
 
@@ -472,7 +504,7 @@ async fn get_and_print(
 
 fn finish(status: u16, v: &Value, json_out: bool, human: impl Fn(&Value)) -> anyhow::Result<i32> {
     if json_out {
-        println!("{}", serde_json::to_string_pretty(v)?);
+        outln!("{}", serde_json::to_string_pretty(v)?);
     } else if (200..300).contains(&status) {
         human(v);
         if v["stale"].as_bool() == Some(true) {
@@ -509,7 +541,7 @@ fn table(headers: &[&str], rows: Vec<Vec<String>>) {
             .enumerate()
             .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
             .collect();
-        println!("{}", s.join("  ").trim_end());
+        outln!("{}", s.join("  ").trim_end());
     };
     line(headers.iter().map(|h| (*h).to_owned()).collect());
     for r in rows {
@@ -604,7 +636,7 @@ fn print_endpoints(v: &Value) {
         ],
         rows,
     );
-    println!("index {}  stale {}", s(&v["index"]), s(&v["stale"]));
+    outln!("index {}  stale {}", s(&v["index"]), s(&v["stale"]));
 }
 
 /// What `shoal watch` compares to decide whether to print: the endpoints without the
@@ -676,10 +708,10 @@ async fn watch(socket: &Path, key: &str, wait: u64, json_out: bool) -> anyhow::R
             continue;
         }
         if json_out {
-            println!("{}", serde_json::to_string(&v)?);
+            outln!("{}", serde_json::to_string(&v)?);
         } else {
             print_endpoints(&v);
-            println!();
+            outln!();
         }
         use std::io::Write as _;
         std::io::stdout().flush()?;
@@ -693,7 +725,7 @@ fn certs(cmd: CertsCmd) -> anyhow::Result<()> {
         CertsCmd::Ca { region, out, force } => {
             let region: Region = region.parse().map_err(|e| anyhow::anyhow!("region: {e}"))?;
             let f = certs::create_ca_with(&region, &out, overwrite(force))?;
-            println!("{}\n{}", f.cert.display(), f.key.display());
+            outln!("{}\n{}", f.cert.display(), f.key.display());
         }
         CertsCmd::Node {
             node_id,
@@ -719,7 +751,7 @@ fn certs(cmd: CertsCmd) -> anyhow::Result<()> {
                 &out,
                 overwrite(force),
             )?;
-            println!("{}\n{}", f.cert.display(), f.key.display());
+            outln!("{}\n{}", f.cert.display(), f.key.display());
         }
     }
     Ok(())
@@ -774,9 +806,9 @@ fn inspect(file: &Path, json_out: bool) -> anyhow::Result<()> {
         "signatures_checked": false,
     });
     if json_out {
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        println!("{}: {} bytes, region {}, revision {}, {} lifecycle + {} health records (signatures not checked)",
+        outln!("{}: {} bytes, region {}, revision {}, {} lifecycle + {} health records (signatures not checked)",
             file.display(), bytes.len(), snap.region, snap.revision.0, snap.lifecycle.len(), snap.health.len());
         table(
             &["SERVICE", "RECORDS", "READY"],

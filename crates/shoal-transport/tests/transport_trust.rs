@@ -61,6 +61,19 @@ async fn binding_with_a_cert_of_another_ca_fails_clearly() {
         matches!(err, TransportError::Cert(CertError::WrongCa)),
         "{err}"
     );
+    // Printed as a binary prints an error chain (`{:#}`: each cause after ": "), the cause
+    // appears once ("not signed by the given CA: not signed by the given CA" before).
+    let mut chain = err.to_string();
+    let mut cause = std::error::Error::source(&err);
+    while let Some(c) = cause {
+        chain.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    assert_eq!(
+        chain.matches("not signed by the given CA").count(),
+        1,
+        "{chain}"
+    );
     let cert = pki.node_in("node-x", "us-east", &ExtraSans::default());
     let err = Transport::bind(pki.config("eu-west", &cert)).unwrap_err();
     assert!(

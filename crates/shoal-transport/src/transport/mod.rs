@@ -209,12 +209,20 @@ impl TransportConfig {
     }
 }
 
+impl From<CertError> for TransportError {
+    fn from(e: CertError) -> Self {
+        Self::Cert(e)
+    }
+}
+
 /// Why [`Transport::bind`] failed. Nothing is bound on error.
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
     /// The CA, certificate or key is missing, malformed, of another CA or region, or expired.
+    /// The [`CertError`] is in the message and deliberately not the `source()`: a binary's
+    /// `{:#}` chain would print it twice ("not signed by the given CA: not signed by ...").
     #[error("certificate: {0}")]
-    Cert(#[from] CertError),
+    Cert(CertError),
     /// rustls refused the configuration (e.g. the key does not match the certificate).
     #[error("TLS configuration: {0}")]
     Tls(#[from] rustls::Error),
