@@ -141,16 +141,18 @@ pub async fn run_until(
     }
     let (nofile, nofile_hard) = crate::listener::raise_nofile_limit();
     let api_cfg = &raw.api;
+    let port_fds = tcp_port_fds(raw);
     let (max_total, max_per_uid) = crate::listener::connection_caps(
         api_cfg.max_connections,
         api_cfg.max_connections_per_uid,
         nofile,
-        api_cfg.fd_reserve,
+        api_cfg.fd_reserve.saturating_add(port_fds),
     );
     tracing::info!(
         nofile,
         nofile_hard,
         fd_reserve = api_cfg.fd_reserve,
+        tcp_port_fds = port_fds,
         max_connections = max_total,
         max_connections_per_uid = max_per_uid,
         "local API connection caps"
@@ -300,6 +302,19 @@ pub async fn run_until(
 /// Tells systemd (`Type=notify`, `$NOTIFY_SOCKET`) about a state change: `READY=1` once the
 /// local API listens, `STOPPING=1` at shutdown. Without `$NOTIFY_SOCKET` it does nothing; a
 /// failed send is logged and changes nothing else (the agent serves either way).
+/// Descriptors the agent's TCP ports may hold at their caps (xDS, the Consul port): taken out
+/// of the local API's budget with `fd_reserve`, so a caller filling those ports cannot starve
+/// the unix socket, persistence or the mesh of descriptors.
+fn tcp_port_fds(raw: &crate::config::AgentConfig) -> usize {
+    let xds = if raw.xds.enabled {
+        raw.xds.max_connections
+    } else {
+        0
+    };
+    let consul = raw.consul.listen.map_or(0, |_| raw.consul.max_connections);
+    xds.saturating_add(consul)
+}
+
 fn notify_service_manager(states: &[sd_notify::NotifyState<'_>]) {
     if let Err(e) = sd_notify::notify(states) {
         tracing::warn!(error = %e, "sd_notify to $NOTIFY_SOCKET failed");

@@ -28,11 +28,13 @@
 //! max_connections = 4096            # total; capped at RLIMIT_NOFILE - fd_reserve (503 over it)
 //! max_connections_per_uid = 512     # per peer uid (429 over it)
 //! fd_reserve = 256                  # descriptors kept for persistence, the mesh, probes, logs
+//!                                   # (the enabled TCP ports' max_connections are kept out too)
 //! socket_mode = 0o660               # the outer gate: who may open the socket at all
 //! socket_group = "shoal-clients"    # optional group of the socket (chown at start)
 //!
 //! [consul]                          # Consul-compatible reads (docs/api/consul.md); off by default
 //! listen = "127.0.0.1:8500"         # loopback unless allow_non_loopback = true; anyone on the host can read
+//! max_connections = 1024            # past it closed at accept; idle ones closed after 10 s
 //!
 //! [dns]                             # DNS, UDP + TCP (crate::dns); off by default
 //! listen = "127.0.0.1:8600"         # <service>.<port>.<namespace>.service.<domain> SRV / A / AAAA
@@ -45,6 +47,9 @@
 //! [xds]                             # opt-in xDS server for Envoy / proxyless gRPC (docs/api/xds.md)
 //! enabled = false
 //! listen = "127.0.0.1:18000"
+//! max_connections = 256             # TCP connections; past it closed at accept (counted)
+//! handshake_timeout_ms = 5000       # accept -> first ADS call, else closed
+//! keepalive_ms = 30000              # HTTP/2 PING interval; unanswered 10 s: closed
 //!
 //! [access]                          # who may write (see `crate::access`); writes fail closed
 //! reads = "open"                    # or "granted"

@@ -114,9 +114,11 @@ pub async fn spawn(shared: Arc<Shared>) -> anyhow::Result<Vec<tokio::task::JoinH
         zone: shared.cfg.zone.clone(),
     };
     let ads = Ads::new(rx, local, cfg.max_streams);
-    tracing::info!(addr = %listener.local_addr()?, "xDS (ADS) listening");
+    let limits = cfg.limits();
+    tracing::info!(addr = %listener.local_addr()?, max_connections = limits.max_connections,
+        "xDS (ADS) listening");
     let server = tokio::spawn(async move {
-        if let Err(e) = shoal_xds::serve(listener, ads, std::future::pending()).await {
+        if let Err(e) = shoal_xds::serve(listener, ads, limits, std::future::pending()).await {
             tracing::error!(error = %e, "xDS server stopped");
         }
     });

@@ -30,12 +30,14 @@
 //! Naming, behaviour and how to point a gRPC client at it: `docs/api/xds.md`; design:
 //! `docs/adr/0014-xds.md`.
 
+pub mod conn;
 pub mod metrics;
 pub mod model;
 pub mod resources;
 pub mod server;
 pub mod stream;
 
+pub use conn::ConnLimits;
 pub use model::{
     parse_resource_name, resource_name, Endpoint, EndpointHealth, FailoverRegion, Locality, View,
 };

@@ -9,6 +9,10 @@
 //! | `shoal_xds_nacks_total{type}` | responses a client rejected (each is also logged) |
 //! | `shoal_xds_responses_total{type}` | responses sent |
 //! | `shoal_xds_requests_refused_total{reason}` | requests refused (`unknown_type`, `too_many_names`) |
+//! | `shoal_xds_connections` | open TCP connections (gauge) |
+//! | `shoal_xds_connections_refused_total` | connections closed at accept past `xds.max_connections` |
+//! | `shoal_xds_connections_closed_total{why}` | connections closed by the server (`handshake_timeout`) |
+//! | `shoal_xds_accept_errors_total` | failed accepts (`EMFILE`, ...) |
 
 use std::sync::Once;
 
@@ -42,9 +46,26 @@ pub fn describe() {
             "shoal_xds_requests_refused_total",
             "xDS requests refused, by reason (unknown_type, too_many_names)."
         );
+        describe_gauge!("shoal_xds_connections", "Open TCP connections on the xDS port.");
+        describe_counter!(
+            "shoal_xds_connections_refused_total",
+            "xDS connections closed at accept because xds.max_connections were open."
+        );
+        describe_counter!(
+            "shoal_xds_connections_closed_total",
+            "xDS connections closed by the server, by reason (handshake_timeout: no ADS call within xds.handshake_timeout_ms)."
+        );
+        describe_counter!(
+            "shoal_xds_accept_errors_total",
+            "Failed accepts on the xDS port (EMFILE and the like); the loop backs off 20 ms."
+        );
         // Present from the first scrape, so "no NACK" reads as 0, not as a missing series.
         gauge!("shoal_xds_streams").set(0.0);
         counter!("shoal_xds_streams_refused_total").absolute(0);
+        gauge!("shoal_xds_connections").set(0.0);
+        counter!("shoal_xds_connections_refused_total").absolute(0);
+        counter!("shoal_xds_connections_closed_total", "why" => "handshake_timeout").absolute(0);
+        counter!("shoal_xds_accept_errors_total").absolute(0);
         for ty in ResourceType::ALL {
             counter!("shoal_xds_nacks_total", "type" => ty.label()).absolute(0);
             counter!("shoal_xds_responses_total", "type" => ty.label()).absolute(0);

@@ -8,6 +8,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
@@ -20,6 +21,7 @@ use tokio::sync::{mpsc, watch, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::conn::{ConnInfo, ConnLimits};
 use crate::model::{Locality, View};
 use crate::stream::{AdsStream, RequestKind};
 
@@ -28,8 +30,16 @@ use crate::stream::{AdsStream, RequestKind};
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:18000";
 /// Default most concurrent ADS streams; past it a new stream is refused (`RESOURCE_EXHAUSTED`).
 pub const DEFAULT_MAX_STREAMS: usize = 1_024;
+/// Default most open TCP connections on the port; past it a new one is closed at accept.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+/// Default longest wait from accept to a connection's first ADS call, ms.
+pub const DEFAULT_HANDSHAKE_TIMEOUT_MS: u64 = 5_000;
+/// Default HTTP/2 keepalive PING interval, ms (unanswered for 10 s: the connection is closed).
+pub const DEFAULT_KEEPALIVE_MS: u64 = 30_000;
 /// Responses queued per stream before its task waits for the client to read.
 const RESPONSE_QUEUE: usize = 16;
+/// Admitted connections waiting for tonic to take them.
+const ACCEPT_QUEUE: usize = 16;
 
 /// `[xds]` of the agent's configuration. Off unless `enabled = true`.
 ///
@@ -38,6 +48,9 @@ const RESPONSE_QUEUE: usize = 16;
 /// enabled = true
 /// listen = "127.0.0.1:18000"   # loopback unless allow_non_loopback = true
 /// max_streams = 1024
+/// max_connections = 256        # TCP connections; past it closed at accept (counted, logged)
+/// handshake_timeout_ms = 5000  # accept -> first ADS call, else closed
+/// keepalive_ms = 30000         # HTTP/2 PING interval; unanswered 10 s later: closed
 /// ```
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -54,6 +67,19 @@ pub struct XdsConfig {
     /// Most concurrent streams (default [`DEFAULT_MAX_STREAMS`], at least 1).
     #[serde(default = "default_max_streams")]
     pub max_streams: usize,
+    /// Most open TCP connections (default [`DEFAULT_MAX_CONNECTIONS`], at least 1). Why: each
+    /// holds a descriptor, and a local process opening thousands starved the agent's other
+    /// ports and its snapshot writes (`crate::conn`).
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Longest wait from accept to a connection's first ADS call, ms (default
+    /// [`DEFAULT_HANDSHAKE_TIMEOUT_MS`], 100..=60,000).
+    #[serde(default = "default_handshake_timeout_ms")]
+    pub handshake_timeout_ms: u64,
+    /// HTTP/2 keepalive PING interval, ms (default [`DEFAULT_KEEPALIVE_MS`], at least 1,000): a
+    /// peer that does not answer one within 10 s is disconnected.
+    #[serde(default = "default_keepalive_ms")]
+    pub keepalive_ms: u64,
 }
 
 fn default_listen() -> SocketAddr {
@@ -61,6 +87,15 @@ fn default_listen() -> SocketAddr {
 }
 fn default_max_streams() -> usize {
     DEFAULT_MAX_STREAMS
+}
+fn default_max_connections() -> usize {
+    DEFAULT_MAX_CONNECTIONS
+}
+fn default_handshake_timeout_ms() -> u64 {
+    DEFAULT_HANDSHAKE_TIMEOUT_MS
+}
+fn default_keepalive_ms() -> u64 {
+    DEFAULT_KEEPALIVE_MS
 }
 
 impl Default for XdsConfig {
@@ -70,6 +105,9 @@ impl Default for XdsConfig {
             listen: default_listen(),
             allow_non_loopback: false,
             max_streams: DEFAULT_MAX_STREAMS,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            handshake_timeout_ms: DEFAULT_HANDSHAKE_TIMEOUT_MS,
+            keepalive_ms: DEFAULT_KEEPALIVE_MS,
         }
     }
 }
@@ -83,6 +121,15 @@ pub enum XdsConfigError {
     /// `max_streams` is 0.
     #[error("xds.max_streams must be at least 1")]
     NoStreams,
+    /// `max_connections` is 0.
+    #[error("xds.max_connections must be at least 1")]
+    NoConnections,
+    /// `handshake_timeout_ms` is outside 100..=60,000.
+    #[error("xds.handshake_timeout_ms must be within 100..=60000")]
+    HandshakeTimeout,
+    /// `keepalive_ms` is below 1,000.
+    #[error("xds.keepalive_ms must be at least 1000")]
+    Keepalive,
 }
 
 impl XdsConfig {
@@ -97,7 +144,31 @@ impl XdsConfig {
         if self.max_streams == 0 {
             return Err(XdsConfigError::NoStreams);
         }
+        if self.max_connections == 0 {
+            return Err(XdsConfigError::NoConnections);
+        }
+        if !(100..=60_000).contains(&self.handshake_timeout_ms) {
+            return Err(XdsConfigError::HandshakeTimeout);
+        }
+        if self.keepalive_ms < 1_000 {
+            return Err(XdsConfigError::Keepalive);
+        }
         Ok(())
+    }
+
+    /// The connection limits `serve` enforces.
+    pub fn limits(&self) -> ConnLimits {
+        ConnLimits {
+            max_connections: self.max_connections.max(1),
+            handshake_timeout: Duration::from_millis(self.handshake_timeout_ms),
+            keepalive: Duration::from_millis(self.keepalive_ms),
+        }
+    }
+}
+
+impl Default for ConnLimits {
+    fn default() -> Self {
+        XdsConfig::default().limits()
     }
 }
 
@@ -133,20 +204,28 @@ impl Ads {
     }
 }
 
-/// Serves `ads` on `listener` until `shutdown` resolves.
+/// Serves `ads` on `listener` under `limits` (connection cap, first-request deadline, HTTP/2
+/// keepalive: `crate::conn`) until `shutdown` resolves.
 ///
 /// # Errors
-/// The transport's error if serving fails (accept errors are retried by tonic).
+/// The transport's error if serving fails (accept errors are counted and retried).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     ads: Ads,
+    limits: ConnLimits,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    tonic::transport::Server::builder()
+    crate::metrics::describe();
+    let (tx, rx) = mpsc::channel(ACCEPT_QUEUE);
+    let accept = tokio::spawn(crate::conn::accept_loop(listener, limits, tx));
+    let served = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(limits.keepalive))
+        .http2_keepalive_timeout(Some(crate::conn::KEEPALIVE_TIMEOUT))
         .add_service(ads.into_service())
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
+        .serve_with_incoming_shutdown(ReceiverStream::new(rx), shutdown)
+        .await;
+    accept.abort();
+    served
 }
 
 #[tonic::async_trait]
@@ -158,13 +237,19 @@ impl AggregatedDiscoveryService for Ads {
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        let conn = request.extensions().get::<ConnInfo>().cloned();
+        if let Some(c) = &conn {
+            c.requested();
+        }
         let Ok(permit) = self.streams.clone().try_acquire_owned() else {
             crate::metrics::stream_refused();
             return Err(Status::resource_exhausted(
                 "too many xDS streams on this agent (xds.max_streams)",
             ));
         };
-        let peer = request.remote_addr();
+        let peer = conn
+            .and_then(|c| c.remote)
+            .or_else(|| request.remote_addr());
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(RESPONSE_QUEUE);
         let task = StreamTask {
@@ -183,8 +268,12 @@ impl AggregatedDiscoveryService for Ads {
 
     async fn delta_aggregated_resources(
         &self,
-        _request: Request<Streaming<DeltaDiscoveryRequest>>,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        // An ADS call all the same: the client is speaking xDS, so its connection stays.
+        if let Some(c) = request.extensions().get::<ConnInfo>() {
+            c.requested();
+        }
         Err(Status::unimplemented(
             "delta xDS is not served; use state-of-the-world ADS",
         ))

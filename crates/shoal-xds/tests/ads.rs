@@ -84,7 +84,7 @@ async fn subscribe_ack_push_nack_over_grpc() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(shoal_xds::serve(listener, ads, async {
+    let server = tokio::spawn(shoal_xds::serve(listener, ads, Default::default(), async {
         let _ = stop_rx.await;
     }));
 
@@ -231,9 +231,14 @@ async fn policy_failover_regions_are_pushed_when_the_region_empties_and_withdraw
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(shoal_xds::serve(listener, Ads::new(rx, local, 4), async {
-        let _ = stop_rx.await;
-    }));
+    let server = tokio::spawn(shoal_xds::serve(
+        listener,
+        Ads::new(rx, local, 4),
+        Default::default(),
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
     let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{addr}"))
         .await
         .unwrap();
@@ -353,9 +358,14 @@ async fn a_threshold_policy_is_served_as_envoy_priorities_with_its_overprovision
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(shoal_xds::serve(listener, Ads::new(rx, local, 4), async {
-        let _ = stop_rx.await;
-    }));
+    let server = tokio::spawn(shoal_xds::serve(
+        listener,
+        Ads::new(rx, local, 4),
+        Default::default(),
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
     let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{addr}"))
         .await
         .unwrap();
