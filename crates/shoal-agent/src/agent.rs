@@ -302,7 +302,7 @@ pub async fn run_until(
 /// Tells systemd (`Type=notify`, `$NOTIFY_SOCKET`) about a state change: `READY=1` once the
 /// local API listens, `STOPPING=1` at shutdown. Without `$NOTIFY_SOCKET` it does nothing; a
 /// failed send is logged and changes nothing else (the agent serves either way).
-/// Descriptors the agent's TCP ports may hold at their caps (xDS, the Consul port): taken out
+/// Descriptors the agent's TCP ports may hold at their caps (xDS, the Consul port, DNS): taken out
 /// of the local API's budget with `fd_reserve`, so a caller filling those ports cannot starve
 /// the unix socket, persistence or the mesh of descriptors.
 fn tcp_port_fds(raw: &crate::config::AgentConfig) -> usize {
@@ -312,7 +312,8 @@ fn tcp_port_fds(raw: &crate::config::AgentConfig) -> usize {
         0
     };
     let consul = raw.consul.listen.map_or(0, |_| raw.consul.max_connections);
-    xds.saturating_add(consul)
+    let dns = raw.dns.listen.map_or(0, |_| raw.dns.max_tcp_connections);
+    xds.saturating_add(consul).saturating_add(dns)
 }
 
 fn notify_service_manager(states: &[sd_notify::NotifyState<'_>]) {

@@ -40,6 +40,7 @@
 //! listen = "127.0.0.1:8600"         # <service>.<port>.<namespace>.service.<domain> SRV / A / AAAA
 //! domain = "shoal"
 //! ttl_s = 0                         # 0..=60
+//! max_tcp_connections = 128         # DNS over TCP; past it closed at accept (counted)
 //!
 //! [probes]
 //! allow_exec = false                # exec probes refused unless true (they run as the registrant)

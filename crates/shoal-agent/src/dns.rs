@@ -23,18 +23,17 @@
 //! the client's EDNS payload size, or 512 bytes without EDNS (RFC 1035); what does not fit is
 //! dropped and TC set, so the client retries over TCP, which carries everything.
 //! Answers per name are capped at [`MAX_ANSWERS`]. Counted in
-//! `shoal_dns_queries_total{rcode}`.
+//! `shoal_dns_queries_total{rcode}`. The sockets, the TCP connection cap and the counting of
+//! packets that do not decode are in [`crate::dns_io`].
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
 
 use hickory_proto::op::{Header, Message, MessageType, OpCode, ResponseCode};
 use hickory_proto::rr::rdata::{A, AAAA, SOA, SRV};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use hickory_server::authority::MessageResponseBuilder;
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
-use hickory_server::ServerFuture;
 use serde::Deserialize;
 use shoal_catalog::view::{EndpointState, EndpointView};
 use shoal_proto::ServiceKey;
@@ -64,6 +63,15 @@ pub struct DnsConfig {
     /// TTL of every answer, s (0..=60).
     #[serde(default)]
     pub ttl_s: u32,
+    /// Most open TCP connections (default
+    /// [`DEFAULT_MAX_TCP_CONNECTIONS`](crate::dns_io::DEFAULT_MAX_TCP_CONNECTIONS), at least
+    /// 1); past it a connection is closed at accept (`crate::dns_io`).
+    #[serde(default = "default_max_tcp_connections")]
+    pub max_tcp_connections: usize,
+}
+
+fn default_max_tcp_connections() -> usize {
+    crate::dns_io::DEFAULT_MAX_TCP_CONNECTIONS
 }
 
 fn default_domain() -> String {
@@ -77,6 +85,7 @@ impl Default for DnsConfig {
             allow_non_loopback: false,
             domain: default_domain(),
             ttl_s: 0,
+            max_tcp_connections: default_max_tcp_connections(),
         }
     }
 }
@@ -90,6 +99,9 @@ pub fn validate(
     reads: crate::access::ReadAccess,
 ) -> Result<(), (&'static str, String)> {
     crate::consul::validate_read_port("dns.listen", cfg.listen, cfg.allow_non_loopback, reads)?;
+    if cfg.max_tcp_connections == 0 {
+        return Err(("dns.max_tcp_connections", "must be at least 1".into()));
+    }
     if cfg.ttl_s > MAX_TTL_S {
         return Err(("dns.ttl_s", format!("must be at most {MAX_TTL_S}")));
     }
@@ -437,15 +449,11 @@ pub async fn serve(
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let udp = tokio::net::UdpSocket::bind(addr).await?;
     let tcp = tokio::net::TcpListener::bind(udp.local_addr()?).await?;
-    tracing::warn!(%addr, "DNS listening (UDP + TCP): anyone who can reach it can read routable endpoints");
-    let mut server = ServerFuture::new(DnsHandler::new(shared));
-    server.register_socket(udp);
-    server.register_listener(tcp, Duration::from_secs(5));
-    Ok(tokio::spawn(async move {
-        if let Err(e) = server.block_until_done().await {
-            tracing::error!(error = %e, "DNS server stopped");
-        }
-    }))
+    let max_tcp = shared.cfg.raw.dns.max_tcp_connections;
+    tracing::warn!(%addr, max_tcp_connections = max_tcp,
+        "DNS listening (UDP + TCP): anyone who can reach it can read routable endpoints");
+    let handler = Arc::new(DnsHandler::new(shared));
+    Ok(tokio::spawn(crate::dns_io::run(udp, tcp, handler, max_tcp)))
 }
 
 #[cfg(test)]

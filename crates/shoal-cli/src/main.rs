@@ -181,9 +181,10 @@ struct AgentArgs {
     /// Run the DEVELOPMENT authority in-process (insecure; never in production).
     #[arg(long)]
     dev_authority: bool,
-    /// Log filter (RUST_LOG syntax).
-    #[arg(long, env = "SHOAL_LOG", default_value = "info")]
-    log: String,
+    /// Log filter (RUST_LOG syntax; default: `RUST_LOG`, else `info`). hickory's per-query
+    /// lines stay at `warn` unless the filter names `hickory_server` / `hickory_proto`.
+    #[arg(long, env = "SHOAL_LOG")]
+    log: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -415,10 +416,16 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
 }
 
 async fn run_agent(a: AgentArgs, socket: Option<PathBuf>) -> anyhow::Result<i32> {
+    let spec = a
+        .log
+        .clone()
+        .or_else(|| std::env::var("RUST_LOG").ok())
+        .unwrap_or_else(|| "info".into());
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_new(&a.log)
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            tracing_subscriber::EnvFilter::try_new(shoal_agent::log_filter(&spec)).unwrap_or_else(
+                |_| tracing_subscriber::EnvFilter::new(shoal_agent::log_filter("info")),
+            ),
         )
         .with_writer(std::io::stderr)
         // Colour only on a terminal: log files and journald get plain text (issue 18).
