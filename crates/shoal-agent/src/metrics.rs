@@ -134,6 +134,11 @@ fn export_state(shared: &Shared, transport: &TransportCounters) {
 fn export_quic(q: &QuicCounters) {
     counter!("shoal_quic_packets_total", "dir" => "out").absolute(q.packets_out);
     counter!("shoal_quic_packets_total", "dir" => "in").absolute(q.packets_in);
+    counter!("shoal_quic_socket_datagrams_in_total").absolute(q.socket_datagrams_in);
+    // `absolute` never lowers a counter, so a read racing a datagram in flight cannot make it
+    // go backwards.
+    counter!("shoal_quic_datagrams_unclaimed_total")
+        .absolute(q.socket_datagrams_in.saturating_sub(q.packets_in));
     for (kind, n) in [
         ("ack", q.ack_frames_out),
         ("ping", q.ping_frames_out),

@@ -69,6 +69,8 @@ const COUNTERS: &[(&str, &str)] = &[
     ("shoal_tls_reloads_total", "TLS material reloads on SIGHUP, by result (ok, error)."),
     ("shoal_quic_frames_sent_total", "QUIC frames sent, by kind (ack, ping, datagram, stream, crypto), over all connections; read at scrape time."),
     ("shoal_quic_packets_total", "UDP packets of the QUIC transport, by direction, over all connections; read at scrape time."),
+    ("shoal_quic_socket_datagrams_in_total", "UDP datagrams the mesh port's socket received, whatever they were (counted below quinn); read at scrape time."),
+    ("shoal_quic_datagrams_unclaimed_total", "Mesh port datagrams no established connection took: undecodable, unknown connection ID, refused or failed handshakes (socket datagrams minus shoal_quic_packets_total{dir=\"in\"}; approximate: includes handshakes in progress at a scrape)."),
     ("shoal_transport_bytes_total", "QUIC transport bytes by direction."),
     ("shoal_transport_connects_failed_total", "QUIC connection attempts that failed."),
     ("shoal_transport_connections_established_total", "QUIC connections established, dialled or accepted: each one cost a TLS 1.3 handshake."),

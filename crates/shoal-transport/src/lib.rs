@@ -15,5 +15,6 @@
 
 pub mod certs;
 pub mod keyfile;
+pub mod log_every;
 pub mod tls;
 pub mod transport;

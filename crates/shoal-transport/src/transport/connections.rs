@@ -3,6 +3,7 @@
 //! per-peer sender tasks, and the hello stream that names a dialler's listen address.
 
 use super::*;
+use crate::log_every::LogEvery;
 
 impl Shared {
     /// Ended connections' counts plus the live ones' (each live connection's stats locked once).
@@ -11,7 +12,11 @@ impl Shared {
             let cache = self.cache.lock().expect("cache lock");
             cache.peers.values().map(|e| e.link.clone()).collect()
         };
+        // The socket's count first: a datagram a connection takes after this read then shows
+        // as claimed, never as dropped.
+        let socket_datagrams_in = self.counters.socket_datagrams_in.load(Ordering::Relaxed);
         let mut sum = *self.counters.quic_ended.lock().expect("quic lock");
+        sum.socket_datagrams_in = socket_datagrams_in;
         for link in links {
             let slot = live(&link.slot.lock().expect("slot lock"));
             let extra = live(&link.extra.lock().expect("extra lock"));
@@ -206,6 +211,7 @@ pub(super) async fn accept_loop(shared: Arc<Shared>) {
         let pending = shared.handshakes_pending.load(Ordering::Acquire);
         if pending >= shared.limits.max_connections as u64 {
             inc(&shared.counters.handshakes_refused);
+            log_refusal(incoming.remote_address(), "too many handshakes in progress");
             incoming.refuse();
             continue;
         }
@@ -215,10 +221,42 @@ pub(super) async fn accept_loop(shared: Arc<Shared>) {
             let remote = incoming.remote_address();
             if let Err(reason) = accept_one(&s, incoming).await {
                 inc(&s.counters.handshakes_refused);
-                tracing::info!(%remote, %reason, "inbound connection refused");
+                log_refusal(remote, &reason);
             }
             s.handshakes_pending.fetch_sub(1, Ordering::AcqRel);
         });
+    }
+}
+
+/// What a refusal reason is about (its text up to the first `:`); each is logged at most once
+/// per [`LOG_INTERVAL`](crate::log_every::LOG_INTERVAL).
+const REFUSAL_KINDS: [&str; 5] = [
+    "handshake",
+    "identity",
+    "hello",
+    "too many handshakes in progress",
+    "other",
+];
+
+/// Logs an inbound refusal once per interval per kind (every refusal is counted in
+/// `handshakes_refused`): a peer that redials with a foreign certificate would otherwise write
+/// a line per attempt, for as long as it likes.
+fn log_refusal(remote: SocketAddr, reason: &str) {
+    static LOGS: [LogEvery; REFUSAL_KINDS.len()] = [
+        LogEvery::new(),
+        LogEvery::new(),
+        LogEvery::new(),
+        LogEvery::new(),
+        LogEvery::new(),
+    ];
+    let head = reason.split(':').next().unwrap_or(reason);
+    let kind = REFUSAL_KINDS
+        .iter()
+        .position(|k| head.starts_with(k) || (*k == "hello" && head.contains("hello")))
+        .unwrap_or(REFUSAL_KINDS.len() - 1);
+    if let Some(held) = LOGS[kind].check() {
+        tracing::warn!(%remote, %reason, kind = REFUSAL_KINDS[kind], not_logged_since_last = held,
+            "inbound connection refused (logged once a minute per kind; all are counted in handshakes_refused)");
     }
 }
 
