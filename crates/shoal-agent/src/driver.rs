@@ -458,7 +458,7 @@ impl Driver {
     }
 }
 
-/// The agent's own periodic work, ms apart: [`Driver::on_tick`] (expired ejections and RPCs,
+/// The agent's own periodic work, ms apart: `Driver::on_tick` (expired ejections and RPCs,
 /// status, metrics, view tidying).
 pub const TICK: Duration = Duration::from_millis(500);
 

@@ -342,7 +342,7 @@ pub struct QuicCounters {
     /// CRYPTO frames sent (TLS handshakes).
     pub crypto_frames_out: u64,
     /// UDP datagrams the endpoint's socket received, whatever they were (counted below quinn:
-    /// [`CountingSocket`]). quinn counts no datagram it drops, so `socket_datagrams_in -
+    /// `CountingSocket`). quinn counts no datagram it drops, so `socket_datagrams_in -
     /// packets_in` is what reached no established connection: undecodable datagrams, unknown
     /// connection IDs, and refused, ignored or failed handshakes (QA sent 86,000 random
     /// datagrams and nothing counted them). Approximate by the datagrams in flight at the read.
