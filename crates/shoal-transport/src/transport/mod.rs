@@ -507,13 +507,6 @@ struct PeerEntry {
     last_used: u64,
 }
 
-/// Where [`Transport::enqueue`] puts a message: the peer's queue (its sender task dials if
-/// needed and sends in order), or straight onto a live connection (datagrams only).
-enum Route {
-    Queue(mpsc::Sender<Bytes>),
-    Now(Connection),
-}
-
 /// The connections to one peer, shared by its two sender tasks and the accept path.
 struct PeerLink {
     addr: SocketAddr,
@@ -895,16 +888,7 @@ impl Transport {
                 max,
             });
         }
-        let queue = match shared.queue_or_connection(to, channel) {
-            Route::Queue(queue) => queue,
-            Route::Now(conn) => {
-                // A live connection and nothing queued before this datagram: hand it to quinn
-                // here instead of waking the peer's sender task for it (issue 19: one task
-                // hop less per SWIM datagram). Failures are counted as the task counts them.
-                shared.send_datagram_on(&conn, bytes);
-                return Ok(());
-            }
-        };
+        let queue = shared.queue(to, channel);
         queue.try_send(bytes).map_err(|e| match e {
             mpsc::error::TrySendError::Full(_) => {
                 inc(&shared.counters.queue_overflow);
