@@ -462,24 +462,22 @@ async fn catalog_nodes(State(shared): State<Arc<Shared>>, RawQuery(raw): RawQuer
 }
 
 /// Serves `router` on `listener` with at most `max_connections` open connections (the rest
-/// are closed at accept and counted in `shoal_consul_connections_refused_total`).
+/// are closed at accept, counted in `shoal_consul_connections_refused_total` and logged once a
+/// minute: `shoal_transport::capped_accept`).
 pub async fn serve(listener: tokio::net::TcpListener, router: Router, max_connections: usize) {
     use hyper_util::rt::{TokioIo, TokioTimer};
-    let permits = Arc::new(tokio::sync::Semaphore::new(max_connections.max(1)));
+    let listener = shoal_transport::capped_accept::CappedListener::new(
+        listener,
+        max_connections,
+        shoal_transport::capped_accept::PortNames {
+            port: "Consul API",
+            setting: "consul.max_connections",
+            refused_metric: "shoal_consul_connections_refused_total",
+            accept_errors_metric: "shoal_consul_accept_errors_total",
+        },
+    );
     loop {
-        let stream = match listener.accept().await {
-            Ok((s, _)) => s,
-            Err(e) => {
-                metrics::counter!("shoal_consul_accept_errors_total").increment(1);
-                tracing::debug!(error = %e, "consul API accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                continue;
-            }
-        };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            metrics::counter!("shoal_consul_connections_refused_total").increment(1);
-            continue;
-        };
+        let (stream, _, permit) = listener.accept().await;
         let router = router.clone();
         tokio::spawn(async move {
             let svc =

@@ -37,19 +37,14 @@ use hickory_proto::ProtoErrorKind;
 use hickory_server::authority::MessageRequest;
 use hickory_server::server::{Request, RequestHandler, ResponseHandle, TimeoutStream};
 use metrics::{counter, gauge};
-use shoal_xds::conn::LogEvery;
-use tokio::sync::Semaphore;
+use shoal_transport::capped_accept::{CappedListener, PortNames};
+use shoal_transport::log_every::LogEvery;
 use tokio_stream::StreamExt;
 
 /// Default most open DNS-over-TCP connections.
 pub const DEFAULT_MAX_TCP_CONNECTIONS: usize = 128;
 /// A TCP connection with no complete query for this long is closed.
 pub const TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
-/// Pause after a failed accept (`EMFILE` would otherwise spin the loop).
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
-
-static TCP_REFUSED_LOG: LogEvery = LogEvery::new();
-static ACCEPT_ERROR_LOG: LogEvery = LogEvery::new();
 static MALFORMED_LOG: LogEvery = LogEvery::new();
 static SHORT_LOG: LogEvery = LogEvery::new();
 static RESPONSE_LOG: LogEvery = LogEvery::new();
@@ -104,29 +99,18 @@ async fn tcp_loop<H: RequestHandler>(
     handler: Arc<H>,
     max: usize,
 ) {
-    let slots = Arc::new(Semaphore::new(max.max(1)));
+    let listener = CappedListener::new(
+        listener,
+        max,
+        PortNames {
+            port: "DNS TCP",
+            setting: "dns.max_tcp_connections",
+            refused_metric: "shoal_dns_tcp_connections_refused_total",
+            accept_errors_metric: "shoal_dns_tcp_accept_errors_total",
+        },
+    );
     loop {
-        let (tcp, src) = match listener.accept().await {
-            Ok(a) => a,
-            Err(e) => {
-                counter!("shoal_dns_tcp_accept_errors_total").increment(1);
-                if let Some(held) = ACCEPT_ERROR_LOG.check() {
-                    tracing::error!(error = %e, not_logged_since_last = held,
-                        "DNS TCP accept failed; backing off (logged once a minute)");
-                }
-                tokio::time::sleep(ACCEPT_BACKOFF).await;
-                continue;
-            }
-        };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            counter!("shoal_dns_tcp_connections_refused_total").increment(1);
-            if let Some(held) = TCP_REFUSED_LOG.check() {
-                tracing::warn!(peer = %src, max_tcp_connections = max, not_logged_since_last = held,
-                    "DNS TCP connection refused: dns.max_tcp_connections are open (logged once a minute)");
-            }
-            drop(tcp);
-            continue;
-        };
+        let (tcp, src, slot) = listener.accept().await;
         let handler = handler.clone();
         tokio::spawn(async move {
             gauge!("shoal_dns_tcp_connections").increment(1.0);

@@ -11,8 +11,11 @@
 //!   connection cache, bounded queues, and counters for everything dropped or refused.
 //! - [`tls`]: the TLS material a transport presents and trusts, swappable at run time
 //!   (certificate rotation on SIGHUP without a restart).
+//! - [`capped_accept`]: a TCP listener with a cap on open connections, for the agent's local
+//!   TCP ports; [`log_every`]: a warning at most once per interval.
 //! - [`keyfile`]: creating (0600 / 0700, atomically), replacing and loading secret files.
 
+pub mod capped_accept;
 pub mod certs;
 pub mod keyfile;
 pub mod log_every;

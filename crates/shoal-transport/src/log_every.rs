@@ -1,9 +1,8 @@
 //! A warning that repeats at most once per interval, counting what it held back: for refusals
 //! a remote peer can cause at will (one log line per refused handshake let a single peer with a
 //! certificate of another CA write a line a second, forever).
-//!
-//! `shoal-xds` has the same 30 lines (`shoal_xds::conn::LogEvery`): it depends on no
-//! networking crate of ours, and this one would bring quinn and rustls with it.
+//! Used by the QUIC transport's refusals and by the agent's capped TCP ports
+//! ([`crate::capped_accept`], DNS, xDS).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

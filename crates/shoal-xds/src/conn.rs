@@ -8,82 +8,39 @@
 //! own accept loop ([`accept_loop`]):
 //!
 //! * **Cap.** At most `xds.max_connections` connections are open; one more is closed at accept,
-//!   counted in `shoal_xds_connections_refused_total` and logged once per [`LOG_INTERVAL`].
+//!   counted in `shoal_xds_connections_refused_total` and logged once a minute
+//!   (`shoal_transport::capped_accept`, shared with the Consul and DNS ports).
 //! * **First request.** A connection that has not opened an ADS call within
 //!   `xds.handshake_timeout_ms` of accept (no HTTP/2 preface, a preface and nothing else, or
 //!   only calls to other methods) is closed: its next read fails ([`XdsConn`]), so hyper drops
 //!   it. Counted in `shoal_xds_connections_closed_total{why="handshake_timeout"}`.
 //! * **Idle.** HTTP/2 keepalive (`xds.keepalive_ms`, then [`KEEPALIVE_TIMEOUT`] for the PING's
 //!   answer) closes connections whose peer has stopped answering (set in `server::serve`).
-//! * **Accept errors** (`EMFILE`, ...) back off [`ACCEPT_BACKOFF`] instead of spinning, counted in
-//!   `shoal_xds_accept_errors_total`, logged once per interval.
+//! * **Accept errors** (`EMFILE`, ...) back off instead of spinning, counted in
+//!   `shoal_xds_accept_errors_total`, logged once a minute.
 
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use metrics::{counter, gauge};
+use shoal_transport::capped_accept::{CappedListener, PortNames};
+use shoal_transport::log_every::LogEvery;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio::time::Sleep;
 use tonic::transport::server::Connected;
 
-/// Shortest time between two warnings of one kind.
-pub const LOG_INTERVAL: Duration = Duration::from_secs(60);
-/// Pause after a failed accept (`EMFILE` would otherwise spin the loop).
-pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
 /// How long a keepalive PING may go unanswered before the connection is closed.
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Logs at most once per [`LOG_INTERVAL`], counting what it held back.
-#[derive(Debug, Default)]
-pub struct LogEvery {
-    /// Milliseconds since [`base`] of the last log, plus one (0 = never).
-    last_ms: AtomicU64,
-    held: AtomicU64,
-}
-
-fn base() -> Instant {
-    static BASE: OnceLock<Instant> = OnceLock::new();
-    *BASE.get_or_init(Instant::now)
-}
-
-impl LogEvery {
-    /// A throttle that has never logged.
-    pub const fn new() -> Self {
-        Self {
-            last_ms: AtomicU64::new(0),
-            held: AtomicU64::new(0),
-        }
-    }
-
-    /// `Some(held back since the last log)` when the caller should log now.
-    pub fn check(&self) -> Option<u64> {
-        let now = u64::try_from(base().elapsed().as_millis()).unwrap_or(u64::MAX - 1) + 1;
-        let last = self.last_ms.load(Ordering::Relaxed);
-        let interval = u64::try_from(LOG_INTERVAL.as_millis()).unwrap_or(u64::MAX);
-        if (last != 0 && now.saturating_sub(last) < interval)
-            || self
-                .last_ms
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_err()
-        {
-            self.held.fetch_add(1, Ordering::Relaxed);
-            return None;
-        }
-        Some(self.held.swap(0, Ordering::Relaxed))
-    }
-}
-
-static REFUSED_LOG: LogEvery = LogEvery::new();
 static TIMEOUT_LOG: LogEvery = LogEvery::new();
-static ACCEPT_ERROR_LOG: LogEvery = LogEvery::new();
 
 /// Limits of the xDS port's connections (from `[xds]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -219,33 +176,20 @@ pub async fn accept_loop(
     limits: ConnLimits,
     out: mpsc::Sender<io::Result<XdsConn>>,
 ) {
-    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let listener = CappedListener::new(
+        listener,
+        limits.max_connections,
+        PortNames {
+            port: "xDS",
+            setting: "xds.max_connections",
+            refused_metric: "shoal_xds_connections_refused_total",
+            accept_errors_metric: "shoal_xds_accept_errors_total",
+        },
+    );
     loop {
-        let accepted = tokio::select! {
+        let (io, remote, permit) = tokio::select! {
             a = listener.accept() => a,
             () = out.closed() => return,
-        };
-        let (io, remote) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                counter!("shoal_xds_accept_errors_total").increment(1);
-                if let Some(held) = ACCEPT_ERROR_LOG.check() {
-                    tracing::error!(error = %e, not_logged_since_last = held,
-                        "xDS accept failed; backing off (logged once a minute)");
-                }
-                tokio::time::sleep(ACCEPT_BACKOFF).await;
-                continue;
-            }
-        };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            counter!("shoal_xds_connections_refused_total").increment(1);
-            if let Some(held) = REFUSED_LOG.check() {
-                tracing::warn!(peer = %remote, max_connections = limits.max_connections,
-                    not_logged_since_last = held,
-                    "xDS connection refused: xds.max_connections are open (logged once a minute)");
-            }
-            drop(io);
-            continue;
         };
         let _ = io.set_nodelay(true);
         let conn = XdsConn {
@@ -266,15 +210,6 @@ pub async fn accept_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn log_every_logs_once_then_counts() {
-        let l = LogEvery::new();
-        assert_eq!(l.check(), Some(0));
-        assert_eq!(l.check(), None);
-        assert_eq!(l.check(), None);
-        assert_eq!(l.held.load(Ordering::Relaxed), 2);
-    }
 
     #[test]
     fn limits_are_validated_and_carried() {
