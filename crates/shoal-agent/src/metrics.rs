@@ -212,6 +212,7 @@ pub fn export_counters(mesh: &Mesh<Keyring>, transport: &TransportCounters) {
     counter!("shoal_full_snapshot_fallbacks_total").absolute(c.snapshots_installed);
     counter!("shoal_full_snapshots_refused_total").absolute(c.snapshots_refused);
     counter!("shoal_anti_entropy_rounds_total").absolute(c.anti_entropy_rounds);
+    counter!("shoal_idle_timers_skipped_total").absolute(c.idle_timers_skipped);
     counter!("shoal_push_pull_lists_total", "outcome" => "sent").absolute(c.push_pull_lists_sent);
     counter!("shoal_push_pull_lists_total", "outcome" => "limited").absolute(c.push_pull_limited);
     counter!("shoal_mesh_overflow_total", "queue" => "outbox").absolute(c.outbox_overflow);

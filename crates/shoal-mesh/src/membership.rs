@@ -82,6 +82,7 @@ pub use config::{ConfigError, DetectionBudget, MembershipConfig};
 pub use identity::MemberId;
 pub use outputs::{MembershipCounters, MembershipEvent};
 pub use reconnect::KnownAddress;
+pub(crate) use timers::IdleTimer;
 pub use timers::MembershipTimer;
 use timers::{foca_token, TimerKind};
 

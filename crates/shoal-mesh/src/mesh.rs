@@ -76,7 +76,7 @@ use shoal_proto::{
     Generation, HealthSeq, InstanceId, NodeId, Region, Revision, SignedLifecycle, SigningKey, Zone,
 };
 
-use crate::membership::{MemberId, Membership, MembershipEvent};
+use crate::membership::{IdleTimer, MemberId, Membership, MembershipEvent};
 use crate::messages::StreamMessage;
 use crate::record_codec;
 
@@ -85,6 +85,14 @@ pub use config::MeshConfig;
 pub use counters::{Flow, MeshCounters};
 pub use io::{Channel, Command, MeshEvent, MeshTimer, Refusal, Transmit};
 use timers::TimerTable;
+
+/// What firing an idle timer amounts to (`Mesh::idle_rearm`).
+enum IdleMeshTimer {
+    /// Arm this timer at this deadline (ms) instead.
+    Rearm(u64, MeshTimer),
+    /// Hand a membership timer to `Membership::settle_idle`.
+    Settle,
+}
 pub use timers::TimerToken;
 
 /// Derived liveness from SWIM (+ nothing ejected: ejection is the agent's, per caller).
@@ -282,6 +290,7 @@ impl<V: Verifier> Mesh<V> {
 
     /// A datagram arrived (SWIM). Bad input is counted by membership and ignored.
     pub fn handle_datagram(&mut self, now_ms: u64, from: SocketAddr, bytes: &[u8]) {
+        self.advance_idle_timers(now_ms);
         self.observe_now(now_ms);
         self.membership.handle_datagram(now_ms, from, bytes);
         self.after_input(now_ms);
@@ -290,6 +299,7 @@ impl<V: Verifier> Mesh<V> {
     /// A stream message arrived from the peer listening at `from`. Bad input is counted in
     /// [`MeshCounters::rejected`] and ignored.
     pub fn handle_stream_message(&mut self, now_ms: u64, from: SocketAddr, bytes: &[u8]) {
+        self.advance_idle_timers(now_ms);
         self.observe_now(now_ms);
         let decoded = match self.decode_cached(bytes) {
             Some(msg) => Ok(msg),
@@ -325,17 +335,41 @@ impl<V: Verifier> Mesh<V> {
     /// The earliest deadline of the core's timers, monotonic ms; `None` when none is armed
     /// (never once the periodic timers run). Ask after every input: an input may arm an earlier
     /// timer. A deadline at or before the current time is due now.
+    ///
+    /// A periodic timer whose firing would do nothing but re-arm itself (a SWIM gossip round
+    /// with no update to send, an IHAVE tick with no changed head and no link to add) is not a
+    /// deadline here: the core moves it along its period at the next input instead, exactly as
+    /// firing it on time would have, so an idle agent wakes only for work (see
+    /// [`Mesh::handle_timeout`]). A driver that takes tokens ([`Mesh::poll_armed`]) gets every
+    /// timer.
     #[must_use = "the core does nothing at its deadline unless handle_timeout is called"]
     pub fn poll_timeout(&self) -> Option<u64> {
-        self.timers.next_deadline()
+        if !self.parks_idle_timers() {
+            return self.timers.next_deadline();
+        }
+        self.timers
+            .next_deadline_skipping(|timer| self.idle_rearm(timer, 0).is_some())
     }
 
     /// Fires every timer due at `now_ms`: earliest deadline first, equal deadlines in the order
     /// they were armed, including timers a firing arms that are already due. Drain the outputs
     /// afterwards as after any input. Nothing is due: a no-op.
+    ///
+    /// An idle periodic timer (see [`Mesh::poll_timeout`]) that is due is not fired: it is
+    /// re-armed one period after its own deadline, which is all its handler would have done, and
+    /// it comes round again in deadline order if that is still due. Every other input first moves
+    /// the idle timers that fell due before it the same way ([`Mesh::advance_idle_timers`]), so
+    /// the next round keeps the phase it would have had with every idle round fired on time, and
+    /// a round that finds work is not handled late (which local health would read as a stall).
     pub fn handle_timeout(&mut self, now_ms: u64) {
         self.observe_now(now_ms);
-        while let Some(timer) = self.timers.pop_due(now_ms) {
+        while let Some((at, timer)) = self.timers.pop_due(now_ms) {
+            if self.parks_idle_timers() {
+                if let Some(idle) = self.idle_rearm(&timer, at) {
+                    self.apply_idle(timer, idle);
+                    continue;
+                }
+            }
             self.fire(now_ms, timer);
         }
         debug_assert!(
@@ -454,6 +488,7 @@ impl<V: Verifier> Mesh<V> {
 
     /// One input: checks the clock, runs `f`, then everything that follows every input.
     fn input<R>(&mut self, now_ms: u64, f: impl FnOnce(&mut Self) -> R) -> R {
+        self.advance_idle_timers(now_ms);
         self.observe_now(now_ms);
         let r = f(self);
         self.after_input(now_ms);
@@ -510,6 +545,7 @@ impl<V: Verifier> Mesh<V> {
     /// Seeds membership with `members` (see [`Membership::bootstrap`]) and arms the periodic
     /// timers.
     pub fn bootstrap(&mut self, now_ms: u64, members: Vec<MemberId>) {
+        self.advance_idle_timers(now_ms);
         self.observe_now(now_ms);
         self.membership.bootstrap(now_ms, members);
         self.arm_periodic(now_ms);
@@ -519,6 +555,7 @@ impl<V: Verifier> Mesh<V> {
     /// Arms the periodic timers without joining anyone (the simulator bootstraps membership
     /// directly). Idempotent.
     pub fn start(&mut self, now_ms: u64) {
+        self.advance_idle_timers(now_ms);
         self.observe_now(now_ms);
         self.arm_periodic(now_ms);
         self.after_input(now_ms);
@@ -564,6 +601,65 @@ impl<V: Verifier> Mesh<V> {
     fn jitter(&mut self, mean_ms: u64) -> u64 {
         let half = mean_ms / 2;
         half + self.rng.next_u64() % (mean_ms + 1)
+    }
+
+    /// If `timer`, due at `at`, is idle (firing it then would send nothing, draw nothing and
+    /// change nothing an input sees), what firing it would have done: re-arm it one period on,
+    /// or settle foca's bookkeeping. Idle are: an IHAVE tick with no changed head and no link
+    /// to add or promote, and the membership timers of `Membership::idle_timer` (a gossip round
+    /// with nothing to send, an indirect probe of a probe already acked, a reconnect tick with
+    /// no address due).
+    fn idle_rearm(&self, timer: &MeshTimer, at: u64) -> Option<IdleMeshTimer> {
+        match timer {
+            MeshTimer::Membership(t) => match self.membership.idle_timer(t)? {
+                IdleTimer::Rearm(at, t) => Some(IdleMeshTimer::Rearm(at, MeshTimer::Membership(t))),
+                IdleTimer::Settle => Some(IdleMeshTimer::Settle),
+            },
+            MeshTimer::IHave if self.ihave_idle() => Some(IdleMeshTimer::Rearm(
+                at + self.config.ihave_interval_ms,
+                MeshTimer::IHave,
+            )),
+            _ => None,
+        }
+    }
+
+    /// Does what firing the idle `timer` would have done (see [`Mesh::idle_rearm`]).
+    fn apply_idle(&mut self, timer: MeshTimer, idle: IdleMeshTimer) {
+        self.counters.idle_timers_skipped += 1;
+        match idle {
+            IdleMeshTimer::Rearm(at, next) => self.timers.arm(at, next),
+            IdleMeshTimer::Settle => {
+                if let MeshTimer::Membership(t) = timer {
+                    self.membership.settle_idle(t);
+                }
+            }
+        }
+    }
+
+    /// Deadline-driven cores only: before an input at `now_ms`, re-arms the idle timers that fell
+    /// due before it, earliest first, stopping at the first timer that is not idle (a driver
+    /// running late fires that one first, in order, through [`Mesh::handle_timeout`]). Nothing
+    /// changed since the previous input, so each of them would have found the same state had it
+    /// fired on time: doing nothing but re-arming one period on is exact.
+    fn advance_idle_timers(&mut self, now_ms: u64) {
+        if !self.parks_idle_timers() {
+            return;
+        }
+        while let Some((at, token, timer)) = self.timers.peek() {
+            if at >= now_ms {
+                break;
+            }
+            let Some(idle) = self.idle_rearm(timer, at) else {
+                break;
+            };
+            let timer = self.timers.take(token).expect("peeked: pending");
+            self.apply_idle(timer, idle);
+        }
+    }
+
+    /// Idle timers are parked: configured so, and no driver has taken a token.
+    fn parks_idle_timers(&self) -> bool {
+        self.config.park_idle_timers && !self.timers.token_driven()
     }
 
     fn push_timer(&mut self, at: u64, timer: MeshTimer) {

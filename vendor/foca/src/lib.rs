@@ -807,6 +807,22 @@ where
         }
     }
 
+    /// `true` when handling `timer` now would only record that the current probe reached its
+    /// indirect stage: a [`Timer::SendIndirectProbe`] of the current timer token for the
+    /// member being probed, whose probe already succeeded (shoal patch, `PATCH.md`: a
+    /// deadline-driven driver hands it over at its next input instead of waking for it; the
+    /// handler's outcome is the same either way, since nothing else can happen in between).
+    pub fn indirect_probe_settled(&self, timer: &Timer<T>) -> bool {
+        match timer {
+            Timer::SendIndirectProbe { probed_id, token } => {
+                *token == self.timer_token
+                    && self.probe.is_probing(probed_id)
+                    && self.probe.succeeded()
+            }
+            _ => false,
+        }
+    }
+
     /// Reports the current length of the cluster updates queue.
     ///
     /// Updates are transmitted [`Config::max_transmissions`] times

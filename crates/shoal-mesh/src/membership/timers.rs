@@ -18,6 +18,16 @@ use super::{MemberId, Membership};
 /// suspicion window) before it lets foca decide.
 const MAX_DOWN_POSTPONES: u8 = 3;
 
+/// What an idle timer amounts to ([`Membership::idle_timer`]).
+#[derive(Debug)]
+pub(crate) enum IdleTimer {
+    /// Firing it would only arm this timer at this deadline.
+    Rearm(u64, MembershipTimer),
+    /// Firing it would only update foca's bookkeeping: hand it to
+    /// [`Membership::settle_idle`].
+    Settle,
+}
+
 /// A timer token. Opaque: hand it back to [`Membership::handle_timer`] at its deadline.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MembershipTimer(TimerKind);
@@ -42,6 +52,8 @@ pub(super) enum TimerKind {
     /// The address book's reconnect tick (`reconnect.rs`).
     Reconnect {
         seq: u64,
+        /// When it is due (ms): an idle tick is re-armed one period after it.
+        deadline_ms: u64,
     },
 }
 
@@ -103,7 +115,7 @@ impl Membership {
                     self.counters.timer_errors += 1;
                 }
             }
-            TimerKind::Reconnect { seq } => self.on_reconnect_tick(now_ms, seq),
+            TimerKind::Reconnect { seq, .. } => self.on_reconnect_tick(now_ms, seq),
             TimerKind::JoinRetry { seq } => {
                 if seq != self.join_seq {
                     self.counters.stale_timers += 1;
@@ -117,6 +129,89 @@ impl Membership {
             }
         }
         self.drain(now_ms);
+    }
+
+    /// What firing `token` at its own deadline would amount to, if it would amount to nothing
+    /// that leaves this module: `None` when it could send, schedule anything new, draw from an
+    /// RNG or change what an input sees. Three timers can be idle:
+    /// - foca's **periodic gossip** of the current timer token while connected, with no
+    ///   membership update and no custom broadcast to send: foca's handler only schedules the
+    ///   next round (`Timer::PeriodicGossip` in foca 2.0's `handle_timer`) -> [`IdleTimer::Rearm`]
+    ///   one `periodic_gossip_ms` after the old deadline;
+    /// - foca's **indirect probe** of a probe that already got its ack: the handler only records
+    ///   that the probe reached that stage ([`foca::Foca::indirect_probe_settled`], a shoal
+    ///   patch) -> [`IdleTimer::Settle`];
+    /// - the address book's **reconnect tick** with no address due at its deadline -> re-armed
+    ///   one `reconnect_tick_ms` later (its sequence number stays: it is the one armed tick).
+    ///
+    /// Used by [`crate::Mesh`]'s deadline-driven path so an idle agent does not wake for them
+    /// (`docs/adr/0021-core-owned-timers.md`, addendum of issue 19 session 10).
+    pub(crate) fn idle_timer(&self, token: &MembershipTimer) -> Option<IdleTimer> {
+        match &token.0 {
+            TimerKind::Foca {
+                epoch,
+                timer,
+                deadline_ms,
+                postponed,
+                withheld,
+            } => {
+                if *epoch != self.timer_epoch || !self.connected || self.defunct {
+                    return None;
+                }
+                match timer {
+                    Timer::PeriodicGossip(foca_token) => {
+                        let idle = self.last_foca_token == Some(*foca_token)
+                            && self.foca.updates_backlog() == 0
+                            && self.foca.custom_broadcast_backlog() == 0;
+                        idle.then(|| {
+                            let at = deadline_ms.saturating_add(self.config.periodic_gossip_ms);
+                            let next = TimerKind::Foca {
+                                epoch: *epoch,
+                                timer: timer.clone(),
+                                deadline_ms: at,
+                                postponed: *postponed,
+                                withheld: *withheld,
+                            };
+                            IdleTimer::Rearm(at, MembershipTimer(next))
+                        })
+                    }
+                    Timer::SendIndirectProbe { .. } => self
+                        .foca
+                        .indirect_probe_settled(timer)
+                        .then_some(IdleTimer::Settle),
+                    _ => None,
+                }
+            }
+            TimerKind::Reconnect { seq, deadline_ms } => {
+                let idle = *seq == self.reconnect_seq
+                    && !self.defunct
+                    && !self.book.is_empty()
+                    && !self.any_address_due(*deadline_ms);
+                idle.then(|| {
+                    let at = deadline_ms.saturating_add(self.config.reconnect_tick_ms);
+                    let next = TimerKind::Reconnect {
+                        seq: *seq,
+                        deadline_ms: at,
+                    };
+                    IdleTimer::Rearm(at, MembershipTimer(next))
+                })
+            }
+            TimerKind::JoinRetry { .. } => None,
+        }
+    }
+
+    /// Hands over a timer [`Membership::idle_timer`] called [`IdleTimer::Settle`]: foca's
+    /// handler runs as it would have at the deadline, minus the local-health lateness check (a
+    /// timely driver would not have been late), and produces nothing.
+    pub(crate) fn settle_idle(&mut self, token: MembershipTimer) {
+        let TimerKind::Foca { timer, .. } = token.0 else {
+            debug_assert!(false, "only foca timers settle");
+            return;
+        };
+        if self.foca.handle_timer(timer, &mut self.runtime).is_err() {
+            self.counters.timer_errors += 1;
+        }
+        debug_assert_eq!(self.runtime.backlog(), 0, "a settled timer produced output");
     }
 
     pub(super) fn arm_join_retry(&mut self, now_ms: u64) {

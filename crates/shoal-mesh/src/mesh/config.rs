@@ -49,6 +49,12 @@ pub struct MeshConfig {
     /// [`MeshEvent::HealthApplied`](super::MeshEvent::HealthApplied) for every applied record
     /// (the simulator and the agent's watch use them).
     pub record_events: bool,
+    /// Deadline-driven cores ([`Mesh::poll_timeout`](super::Mesh::poll_timeout)) do not wake
+    /// their driver for periodic timers that would fire with nothing to do (a SWIM gossip
+    /// round with no update, an IHAVE tick with no changed head); they move them along their
+    /// period at the next input instead, with the same outputs as firing them on time. `false`
+    /// fires every timer. Drivers that take tokens (the simulator) always get every timer.
+    pub park_idle_timers: bool,
 }
 
 impl MeshConfig {
@@ -72,6 +78,7 @@ impl MeshConfig {
             max_pending_events: 262_144,
             max_outbox_records: 65_536,
             record_events: true,
+            park_idle_timers: true,
         }
     }
 }

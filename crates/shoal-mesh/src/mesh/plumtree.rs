@@ -20,11 +20,11 @@ use crate::messages::{DeltaBody, Graft, IHave, Prune, RecordPush, StreamMessage}
 impl<V: Verifier> Mesh<V> {
     /// Keeps `eager + lazy` filled from the membership; new links start eager (Plumtree).
     pub(super) fn refill_peers(&mut self) {
-        let want = self.config.eager_fanout + self.config.lazy_fanout;
-        let have = self.eager.len() + self.lazy.len();
-        if have >= want || self.members.len() <= have {
+        if !self.refill_wanted() {
             return;
         }
+        let want = self.config.eager_fanout + self.config.lazy_fanout;
+        let have = self.eager.len() + self.lazy.len();
         let candidates: Vec<SocketAddr> = self
             .members
             .values()
@@ -47,6 +47,29 @@ impl<V: Verifier> Mesh<V> {
                 self.lazy.insert(addr);
             }
         }
+    }
+
+    /// `true` when [`Mesh::refill_peers`] would add links: fewer than `eager + lazy` fanout,
+    /// and members without a link to take them from.
+    fn refill_wanted(&self) -> bool {
+        let want = self.config.eager_fanout + self.config.lazy_fanout;
+        let have = self.eager.len() + self.lazy.len();
+        have < want && self.members.len() > have
+    }
+
+    /// `true` when [`Mesh::promote_lazy`] would promote a link.
+    fn promotion_wanted(&self) -> bool {
+        self.eager.len() < self.config.min_eager && !self.lazy.is_empty()
+    }
+
+    /// `true` when an IHAVE tick would do nothing but re-arm itself: no head changed since the
+    /// last announcement, and neither [`Mesh::refill_peers`] nor [`Mesh::promote_lazy`] has a
+    /// link to add (so no RNG draw either).
+    pub(super) fn ihave_idle(&self) -> bool {
+        self.dirty_regions.is_empty()
+            && self.dirty_owners.is_empty()
+            && !self.refill_wanted()
+            && !self.promotion_wanted()
     }
 
     /// Keeps at least `min_eager` eager links by promoting lazy ones (with an empty GRAFT, so

@@ -74,6 +74,9 @@ pub(super) struct TimerTable {
     next: u64,
     /// The last token [`TimerTable::next_armed`] looked at.
     armed_cursor: u64,
+    /// A driver took a token ([`TimerTable::next_armed`]): it orders the timers itself and
+    /// holds their tokens, so none may be re-armed under a new token behind its back.
+    token_driven: bool,
 }
 
 impl TimerTable {
@@ -90,8 +93,39 @@ impl TimerTable {
         self.by_deadline.peek().map(|Reverse((at, _))| *at)
     }
 
-    /// Removes the earliest timer due at `now_ms`.
-    pub(super) fn pop_due(&mut self, now_ms: u64) -> Option<MeshTimer> {
+    /// The earliest deadline of a pending timer for which `skip` is false, ms. Walks the
+    /// heap's implicit tree best-first from the top, so it looks at the skipped timers (and at
+    /// taken entries not yet dropped) that come before the answer and their children only.
+    pub(super) fn next_deadline_skipping(&self, skip: impl Fn(&MeshTimer) -> bool) -> Option<u64> {
+        let heap = self.by_deadline.as_slice();
+        let mut frontier: BinaryHeap<Reverse<((u64, u64), usize)>> = BinaryHeap::new();
+        if let Some(Reverse(top)) = heap.first() {
+            frontier.push(Reverse((*top, 0)));
+        }
+        while let Some(Reverse(((at, token), i))) = frontier.pop() {
+            if let Some((_, timer)) = self.by_token.get(&token) {
+                if !skip(timer) {
+                    return Some(at);
+                }
+            }
+            for child in [2 * i + 1, 2 * i + 2] {
+                if let Some(Reverse(entry)) = heap.get(child) {
+                    frontier.push(Reverse((*entry, child)));
+                }
+            }
+        }
+        None
+    }
+
+    /// The earliest pending timer: `(deadline, token, timer)`.
+    pub(super) fn peek(&self) -> Option<(u64, TimerToken, &MeshTimer)> {
+        let &Reverse((at, token)) = self.by_deadline.peek()?;
+        let (_, timer) = self.by_token.get(&token).expect("the top is pending");
+        Some((at, TimerToken(token), timer))
+    }
+
+    /// Removes the earliest timer due at `now_ms`: `(deadline, timer)`.
+    pub(super) fn pop_due(&mut self, now_ms: u64) -> Option<(u64, MeshTimer)> {
         let &Reverse((at, token)) = self.by_deadline.peek()?;
         if at > now_ms {
             return None;
@@ -99,7 +133,7 @@ impl TimerTable {
         self.by_deadline.pop();
         let (_, timer) = self.by_token.remove(&token).expect("the top is pending");
         self.drop_taken_top();
-        Some(timer)
+        Some((at, timer))
     }
 
     /// Removes the timer of `token`, if it is still pending.
@@ -132,6 +166,7 @@ impl TimerTable {
 
     /// The first timer armed after the last one this returned, still pending.
     pub(super) fn next_armed(&mut self) -> Option<(u64, TimerToken)> {
+        self.token_driven = true;
         while self.armed_cursor < self.next {
             self.armed_cursor += 1;
             if let Some((at, _)) = self.by_token.get(&self.armed_cursor) {
@@ -154,6 +189,11 @@ impl TimerTable {
         self.by_token.values().map(|(at, t)| (*at, t))
     }
 
+    /// `true` once a driver has taken a token with [`TimerTable::next_armed`].
+    pub(super) fn token_driven(&self) -> bool {
+        self.token_driven
+    }
+
     pub(super) fn len(&self) -> usize {
         self.by_token.len()
     }
@@ -171,11 +211,11 @@ mod tests {
         t.arm(10, MeshTimer::Gc);
         assert_eq!(t.next_deadline(), Some(10));
         assert_eq!(t.pop_due(9), None);
-        assert_eq!(t.pop_due(10), Some(MeshTimer::Graft));
-        assert_eq!(t.pop_due(10), Some(MeshTimer::Gc));
+        assert_eq!(t.pop_due(10), Some((10, MeshTimer::Graft)));
+        assert_eq!(t.pop_due(10), Some((10, MeshTimer::Gc)));
         assert_eq!(t.pop_due(19), None);
         assert_eq!(t.len(), 1);
-        assert_eq!(t.pop_due(25), Some(MeshTimer::Flush));
+        assert_eq!(t.pop_due(25), Some((20, MeshTimer::Flush)));
         assert_eq!(t.len(), 0);
         assert_eq!(t.next_deadline(), None);
     }
@@ -193,7 +233,11 @@ mod tests {
         let (_, c) = t.next_armed().unwrap();
         assert_eq!(t.take(b), Some(MeshTimer::Gc));
         assert_eq!(t.take(b), None, "a fired token is stale");
-        assert_eq!(t.pop_due(100), Some(MeshTimer::IHave), "deadline order");
+        assert_eq!(
+            t.pop_due(100),
+            Some((5, MeshTimer::IHave)),
+            "deadline order"
+        );
         assert_eq!(t.take(c), None, "fired by deadline: its token is stale");
         assert_eq!(t.take(TimerToken::from_u64(99)), None);
         assert_eq!(
@@ -221,7 +265,7 @@ mod tests {
         }
         assert_eq!(t.len(), 1);
         assert_eq!(t.next_deadline(), Some(1_000));
-        assert_eq!(t.pop_due(5_000), Some(MeshTimer::Gc));
+        assert_eq!(t.pop_due(5_000), Some((1_000, MeshTimer::Gc)));
         assert_eq!(t.next_deadline(), None);
         assert_eq!(t.pop_due(5_000), None);
     }
