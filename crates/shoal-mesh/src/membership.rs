@@ -139,6 +139,12 @@ pub struct Membership {
     reconnect_rng: ChaCha8Rng,
     reconnect_seq: u64,
     reconnect_armed: bool,
+    /// Bumped whenever the address book or the active set changes: the key of `earliest_due`.
+    book_version: u64,
+    /// `(book_version, earliest next_try_ms of an address no active member holds)` as last
+    /// computed (`reconnect.rs`, `refresh_earliest_due`); a copy of a pure function of the
+    /// state, valid while the version matches.
+    earliest_due: (Option<u64>, Option<u64>),
 }
 
 impl std::fmt::Debug for Membership {
@@ -207,6 +213,8 @@ impl Membership {
             reconnect_rng: reconnect::reconnect_rng(seed),
             reconnect_seq: 0,
             reconnect_armed: false,
+            book_version: 0,
+            earliest_due: (None, None),
             config,
         })
     }
@@ -622,6 +630,7 @@ impl Membership {
         self.book_up(self.last_now_ms, &id);
         self.member_buckets[member_bucket(&id.node)] ^= member_fingerprint(&id);
         self.active.insert(id.node.clone(), id.clone());
+        self.book_version += 1;
         debug_assert_eq!(
             self.member_buckets,
             self.computed_member_buckets(),
@@ -635,6 +644,7 @@ impl Membership {
             return;
         }
         self.active.remove(&id.node);
+        self.book_version += 1;
         self.member_buckets[member_bucket(&id.node)] ^= member_fingerprint(id);
         if self.down.len() >= self.config.max_tracked_down && evict_oldest(&mut self.down) {
             self.counters.down_evicted += 1;

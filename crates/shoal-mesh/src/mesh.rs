@@ -799,6 +799,9 @@ impl<V: Verifier> Mesh<V> {
             self.open_gaps = gaps;
         }
         self.file_timers();
+        if self.parks_idle_timers() {
+            self.membership.refresh_earliest_due();
+        }
         self.debug_check_after_input();
     }
 

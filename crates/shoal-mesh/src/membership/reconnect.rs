@@ -126,6 +126,7 @@ impl Membership {
     }
 
     pub(super) fn book_seed(&mut self, now_ms: u64, addr: SocketAddr) {
+        self.book_version += 1;
         if let Some(k) = self.book.get_mut(&addr) {
             k.seed = true;
             return;
@@ -136,6 +137,7 @@ impl Membership {
     /// A member is active at `id.addr`: its entry (and any other of its node) leaves the book,
     /// except seeds, whose backoff is reset.
     pub(super) fn book_up(&mut self, now_ms: u64, id: &MemberId) {
+        self.book_version += 1;
         let base = self.config.reconnect_base_ms;
         self.book.retain(|addr, k| {
             let same = *addr == id.addr || k.node.as_ref() == Some(&id.node);
@@ -153,6 +155,7 @@ impl Membership {
 
     /// `id` went down: remember its address, first knock one base backoff from now.
     pub(super) fn book_down(&mut self, now_ms: u64, id: &MemberId) {
+        self.book_version += 1;
         if let Some(k) = self.book.get_mut(&id.addr) {
             k.node = Some(id.node.clone());
             k.seen_at_ms = now_ms;
@@ -171,6 +174,7 @@ impl Membership {
         seed: bool,
         unseen_for_ms: u64,
     ) {
+        self.book_version += 1;
         if addr == self.identity.addr || self.book.contains_key(&addr) {
             return;
         }
@@ -238,6 +242,7 @@ impl Membership {
             return;
         }
         let mut due = self.due_addresses(now_ms);
+        self.book_version += 1;
         due.sort_unstable();
         due.truncate(self.config.reconnect_per_tick);
         for (_, addr) in due {
@@ -270,9 +275,29 @@ impl Membership {
     /// every tick of every agent, was 8.7 % of the samples of `reference/small/crash`, and
     /// dropping it cut `reference/crash`'s user CPU by a third (1,027 -> 663 s; 1,667
     /// members per agent).
-    /// Whether a reconnect tick at `at_ms` would announce to any address.
+    /// Whether a reconnect tick at `at_ms` would announce to any address: the earliest
+    /// `next_try_ms` of a book address no active member holds is at or before it. That
+    /// earliest time depends on the book and the active set only; [`Membership::refresh_earliest_due`]
+    /// keeps it after each input that changed either (`book_version`, bumped wherever one
+    /// changes), since the deadline-driven core asks on every `poll_timeout` while the tick is
+    /// the earliest timer. Without a fresh copy it is computed here, with the same answer.
     pub(super) fn any_address_due(&self, at_ms: u64) -> bool {
-        !self.due_addresses(at_ms).is_empty()
+        let earliest = match self.earliest_due {
+            (Some(version), earliest) if version == self.book_version => earliest,
+            _ => self.compute_earliest_due(),
+        };
+        earliest.is_some_and(|t| t <= at_ms)
+    }
+
+    /// Recomputes the kept earliest due time if the book or the active set changed since.
+    pub(crate) fn refresh_earliest_due(&mut self) {
+        if self.earliest_due.0 != Some(self.book_version) {
+            self.earliest_due = (Some(self.book_version), self.compute_earliest_due());
+        }
+    }
+
+    fn compute_earliest_due(&self) -> Option<u64> {
+        self.due_addresses(u64::MAX).iter().map(|(t, _)| *t).min()
     }
 
     fn due_addresses(&self, now_ms: u64) -> Vec<(u64, SocketAddr)> {
