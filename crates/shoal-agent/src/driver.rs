@@ -462,10 +462,13 @@ impl Driver {
 /// status, metrics, view tidying).
 pub const TICK: Duration = Duration::from_millis(500);
 
-/// How long past its due time housekeeping may wait for a wake-up it can share. The mesh core
-/// wakes the driver every 200-250 ms when idle (periodic gossip, IHave), so the tick and the
-/// persist almost always run right after one of those instead of waking the process for
-/// themselves (issue 19: each idle wake-up costs ~35-40 us of CPU). Nothing in them is
+/// How long past its due time housekeeping may wait for a wake-up it can share. An idle agent in
+/// a region still wakes for every SWIM probe (500 ms) and for the probes and anti-entropy of
+/// others, so the tick and the persist usually run right after one of those instead of waking
+/// the process for themselves (issue 19: each idle wake-up costs ~35-40 us of CPU); the mesh's
+/// idle timers (gossip, IHAVE, settled probes, the reconnect tick) no longer wake it at all
+/// (`MeshConfig::park_idle_timers`). An agent with no member wakes for housekeeping on its own,
+/// at most this much after it is due. Nothing in them is
 /// timing-critical: an ejection ends, an RPC times out or the snapshot is written at most this
 /// much later. The mesh's own timers are never delayed.
 pub const HOUSEKEEPING_SLACK: Duration = Duration::from_millis(250);

@@ -33,7 +33,7 @@ const COUNTERS: &[(&str, &str)] = &[
     ("shoal_full_snapshot_fallbacks_total", "Full snapshots installed after a gap, failed validation or expired delta retention."),
     ("shoal_full_snapshots_refused_total", "Full snapshots refused (bad checksum, signature or heads)."),
     ("shoal_health_flaps_total", "Health records applied that report failing readiness."),
-    ("shoal_idle_timers_skipped_total", "Periodic mesh timers with nothing to do (gossip, IHAVE) moved along their period without waking the agent."),
+    ("shoal_idle_timers_skipped_total", "Mesh timers with nothing to do (gossip, IHAVE, an acked probe's indirect stage, the reconnect tick) handled without waking the agent."),
     ("shoal_lifecycle_transitions_total", "Lifecycle records applied to this agent's catalog, by target state."),
     ("shoal_liveness_failures_total", "Liveness probe failures of local instances (restart signals)."),
     ("shoal_local_ejections_total", "Local, temporary ejections after failure reports, by outcome."),

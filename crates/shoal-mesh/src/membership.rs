@@ -139,6 +139,9 @@ pub struct Membership {
     reconnect_rng: ChaCha8Rng,
     reconnect_seq: u64,
     reconnect_armed: bool,
+    /// Suspect-to-down timers armed and not yet handed back (fired, stale or postponed): while
+    /// any is, periodic gossip is never idle (`timers.rs`, `idle_timer`).
+    suspicions_pending: u32,
     /// Bumped whenever the address book or the active set changes: the key of `earliest_due`.
     book_version: u64,
     /// `(book_version, earliest next_try_ms of an address no active member holds)` as last
@@ -213,6 +216,7 @@ impl Membership {
             reconnect_rng: reconnect::reconnect_rng(seed),
             reconnect_seq: 0,
             reconnect_armed: false,
+            suspicions_pending: 0,
             book_version: 0,
             earliest_due: (None, None),
             config,

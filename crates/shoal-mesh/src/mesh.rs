@@ -336,12 +336,13 @@ impl<V: Verifier> Mesh<V> {
     /// (never once the periodic timers run). Ask after every input: an input may arm an earlier
     /// timer. A deadline at or before the current time is due now.
     ///
-    /// A periodic timer whose firing would do nothing but re-arm itself (a SWIM gossip round
-    /// with no update to send, an IHAVE tick with no changed head and no link to add) is not a
-    /// deadline here: the core moves it along its period at the next input instead, exactly as
-    /// firing it on time would have, so an idle agent wakes only for work (see
-    /// [`Mesh::handle_timeout`]). A driver that takes tokens ([`Mesh::poll_armed`]) gets every
-    /// timer.
+    /// A timer whose firing would do nothing but re-arm itself or update foca's bookkeeping (a
+    /// SWIM gossip round with no update to send while no suspicion is pending, an IHAVE tick
+    /// with no changed head and no link to add, the indirect stage of an acked probe, a
+    /// reconnect tick with nothing due) is not a deadline here: the core handles it at the next
+    /// input instead, as firing it on time would have, so an idle agent wakes only for work
+    /// (see [`Mesh::handle_timeout`]). A driver that takes tokens ([`Mesh::poll_armed`]) gets
+    /// every timer.
     #[must_use = "the core does nothing at its deadline unless handle_timeout is called"]
     pub fn poll_timeout(&self) -> Option<u64> {
         if !self.parks_idle_timers() {

@@ -265,16 +265,6 @@ impl Membership {
         self.arm_reconnect(now_ms);
     }
 
-    /// Book addresses whose backoff has expired at `now_ms` and where no member is active,
-    /// as `(next_try_ms, addr)` in address order.
-    ///
-    /// Runs every tick while the book is not empty (a member that died stays in it until a
-    /// member is active at its address again), so it must not cost O(members) when nothing is
-    /// due: it filters the book first and passes over the active members only when some
-    /// address is due, without building a set of all their addresses. That set, built on
-    /// every tick of every agent, was 8.7 % of the samples of `reference/small/crash`, and
-    /// dropping it cut `reference/crash`'s user CPU by a third (1,027 -> 663 s; 1,667
-    /// members per agent).
     /// Whether a reconnect tick at `at_ms` would announce to any address: the earliest
     /// `next_try_ms` of a book address no active member holds is at or before it. That
     /// earliest time depends on the book and the active set only; [`Membership::refresh_earliest_due`]
@@ -300,6 +290,16 @@ impl Membership {
         self.due_addresses(u64::MAX).iter().map(|(t, _)| *t).min()
     }
 
+    /// Book addresses whose backoff has expired at `now_ms` and where no member is active,
+    /// as `(next_try_ms, addr)` in address order.
+    ///
+    /// Runs every tick while the book is not empty (a member that died stays in it until a
+    /// member is active at its address again), so it must not cost O(members) when nothing is
+    /// due: it filters the book first and passes over the active members only when some
+    /// address is due, without building a set of all their addresses. That set, built on
+    /// every tick of every agent, was 8.7 % of the samples of `reference/small/crash`, and
+    /// dropping it cut `reference/crash`'s user CPU by a third (1,027 -> 663 s; 1,667
+    /// members per agent).
     fn due_addresses(&self, now_ms: u64) -> Vec<(u64, SocketAddr)> {
         // The book iterates in address order, so `due` is sorted by address for the search.
         let mut due: Vec<(u64, SocketAddr)> = self

@@ -62,6 +62,13 @@ impl Membership {
     /// deadline. Stale timers are counted in `stale_timers` and do nothing.
     pub fn handle_timer(&mut self, now_ms: u64, token: MembershipTimer) {
         self.observe_now(now_ms);
+        if let TimerKind::Foca {
+            timer: Timer::ChangeSuspectToDown { .. },
+            ..
+        } = &token.0
+        {
+            self.suspicions_pending = self.suspicions_pending.saturating_sub(1);
+        }
         match token.0 {
             TimerKind::Foca {
                 epoch,
@@ -137,7 +144,10 @@ impl Membership {
     /// - foca's **periodic gossip** of the current timer token while connected, with no
     ///   membership update and no custom broadcast to send: foca's handler only schedules the
     ///   next round (`Timer::PeriodicGossip` in foca 2.0's `handle_timer`) -> [`IdleTimer::Rearm`]
-    ///   one `periodic_gossip_ms` after the old deadline;
+    ///   one `periodic_gossip_ms` after the old deadline. Not while a suspect-to-down decision
+    ///   is pending (`suspicions_pending`): then each round still wakes the driver, because a
+    ///   round handled late is the local-health signal that postpones that decision, and
+    ///   without it only the probe timer (every `probe_period_ms`) would notice a stall;
     /// - foca's **indirect probe** of a probe that already got its ack: the handler only records
     ///   that the probe reached that stage ([`foca::Foca::indirect_probe_settled`], a shoal
     ///   patch) -> [`IdleTimer::Settle`];
@@ -161,6 +171,7 @@ impl Membership {
                 match timer {
                     Timer::PeriodicGossip(foca_token) => {
                         let idle = self.last_foca_token == Some(*foca_token)
+                            && self.suspicions_pending == 0
                             && self.foca.updates_backlog() == 0
                             && self.foca.custom_broadcast_backlog() == 0;
                         idle.then(|| {
@@ -233,6 +244,13 @@ impl Membership {
         if self.timers.len() >= self.config.max_pending_timers {
             self.counters.timer_overflow += 1;
             return;
+        }
+        if let TimerKind::Foca {
+            timer: Timer::ChangeSuspectToDown { .. },
+            ..
+        } = &kind
+        {
+            self.suspicions_pending += 1;
         }
         self.timers.push_back((deadline_ms, MembershipTimer(kind)));
     }

@@ -50,9 +50,10 @@ pub struct MeshConfig {
     /// (the simulator and the agent's watch use them).
     pub record_events: bool,
     /// Deadline-driven cores ([`Mesh::poll_timeout`](super::Mesh::poll_timeout)) do not wake
-    /// their driver for periodic timers that would fire with nothing to do (a SWIM gossip
-    /// round with no update, an IHAVE tick with no changed head); they move them along their
-    /// period at the next input instead, with the same outputs as firing them on time. `false`
+    /// their driver for timers that would fire with nothing to do (a SWIM gossip round with no
+    /// update, an IHAVE tick with no changed head, the indirect stage of an acked probe, a
+    /// reconnect tick with nothing due); they handle them at the next input instead, with the
+    /// same outputs as firing them on time (ADR 0021, addendum of issue 19 session 10). `false`
     /// fires every timer. Drivers that take tokens (the simulator) always get every timer.
     pub park_idle_timers: bool,
 }

@@ -57,8 +57,9 @@ pub struct MeshCounters {
     pub oversize: u64,
     /// Commands refused.
     pub refused: u64,
-    /// Idle periodic timers (a gossip round with nothing to send, an IHAVE tick with nothing
-    /// to announce) re-armed without firing or waking the driver; deadline-driven cores only
+    /// Idle timers (a gossip round with nothing to send, an IHAVE tick with nothing to
+    /// announce, the indirect stage of an acked probe, a reconnect tick with nothing due)
+    /// handled without firing or waking the driver; deadline-driven cores only
     /// ([`Mesh::poll_timeout`](crate::Mesh::poll_timeout)).
     pub idle_timers_skipped: u64,
     /// Tombstones collected.
