@@ -359,7 +359,7 @@ impl<V: Verifier> Mesh<V> {
     /// An idle periodic timer (see [`Mesh::poll_timeout`]) that is due is not fired: it is
     /// re-armed one period after its own deadline, which is all its handler would have done, and
     /// it comes round again in deadline order if that is still due. Every other input first moves
-    /// the idle timers that fell due before it the same way ([`Mesh::advance_idle_timers`]), so
+    /// the idle timers that fell due before it the same way (`Mesh::advance_idle_timers`), so
     /// the next round keeps the phase it would have had with every idle round fired on time, and
     /// a round that finds work is not handled late (which local health would read as a stall).
     pub fn handle_timeout(&mut self, now_ms: u64) {
