@@ -85,6 +85,7 @@ pub use config::MeshConfig;
 pub use counters::{Flow, MeshCounters};
 pub use io::{Channel, Command, MeshEvent, MeshTimer, Refusal, Transmit};
 use timers::TimerTable;
+pub use timers::TimerToken;
 
 /// What firing an idle timer amounts to (`Mesh::idle_rearm`).
 enum IdleMeshTimer {
@@ -93,7 +94,6 @@ enum IdleMeshTimer {
     /// Hand a membership timer to `Membership::settle_idle`.
     Settle,
 }
-pub use timers::TimerToken;
 
 /// Derived liveness from SWIM (+ nothing ejected: ejection is the agent's, per caller).
 pub struct MeshLiveness<'a> {
@@ -364,8 +364,9 @@ impl<V: Verifier> Mesh<V> {
     /// a round that finds work is not handled late (which local health would read as a stall).
     pub fn handle_timeout(&mut self, now_ms: u64) {
         self.observe_now(now_ms);
+        let park = self.parks_idle_timers();
         while let Some((at, timer)) = self.timers.pop_due(now_ms) {
-            if self.parks_idle_timers() {
+            if park {
                 if let Some(idle) = self.idle_rearm(&timer, at) {
                     self.apply_idle(timer, idle);
                     continue;

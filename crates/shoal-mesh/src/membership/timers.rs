@@ -57,16 +57,32 @@ pub(super) enum TimerKind {
     },
 }
 
+impl TimerKind {
+    fn is_suspect_to_down(&self) -> bool {
+        matches!(
+            self,
+            TimerKind::Foca {
+                timer: Timer::ChangeSuspectToDown { .. },
+                ..
+            }
+        )
+    }
+
+    /// Sets the deadline a timer carries (`JoinRetry` carries none).
+    fn set_deadline_ms(&mut self, at: u64) {
+        if let TimerKind::Foca { deadline_ms, .. } | TimerKind::Reconnect { deadline_ms, .. } = self
+        {
+            *deadline_ms = at;
+        }
+    }
+}
+
 impl Membership {
     /// Delivers a timer previously yielded by [`Membership::poll_timer`], at or after its
     /// deadline. Stale timers are counted in `stale_timers` and do nothing.
     pub fn handle_timer(&mut self, now_ms: u64, token: MembershipTimer) {
         self.observe_now(now_ms);
-        if let TimerKind::Foca {
-            timer: Timer::ChangeSuspectToDown { .. },
-            ..
-        } = &token.0
-        {
+        if token.0.is_suspect_to_down() {
             self.suspicions_pending = self.suspicions_pending.saturating_sub(1);
         }
         match token.0 {
@@ -157,13 +173,19 @@ impl Membership {
     /// Used by [`crate::Mesh`]'s deadline-driven path so an idle agent does not wake for them
     /// (`docs/adr/0021-core-owned-timers.md`, addendum of issue 19 session 10).
     pub(crate) fn idle_timer(&self, token: &MembershipTimer) -> Option<IdleTimer> {
+        // What a timely firing would arm: the same timer, one period after its deadline.
+        let rearm = |deadline_ms: u64, period_ms: u64| {
+            let at = deadline_ms.saturating_add(period_ms);
+            let mut next = token.0.clone();
+            next.set_deadline_ms(at);
+            IdleTimer::Rearm(at, MembershipTimer(next))
+        };
         match &token.0 {
             TimerKind::Foca {
                 epoch,
                 timer,
                 deadline_ms,
-                postponed,
-                withheld,
+                ..
             } => {
                 if *epoch != self.timer_epoch || !self.connected || self.defunct {
                     return None;
@@ -174,17 +196,7 @@ impl Membership {
                             && self.suspicions_pending == 0
                             && self.foca.updates_backlog() == 0
                             && self.foca.custom_broadcast_backlog() == 0;
-                        idle.then(|| {
-                            let at = deadline_ms.saturating_add(self.config.periodic_gossip_ms);
-                            let next = TimerKind::Foca {
-                                epoch: *epoch,
-                                timer: timer.clone(),
-                                deadline_ms: at,
-                                postponed: *postponed,
-                                withheld: *withheld,
-                            };
-                            IdleTimer::Rearm(at, MembershipTimer(next))
-                        })
+                        idle.then(|| rearm(*deadline_ms, self.config.periodic_gossip_ms))
                     }
                     Timer::SendIndirectProbe { .. } => self
                         .foca
@@ -198,14 +210,7 @@ impl Membership {
                     && !self.defunct
                     && !self.book.is_empty()
                     && !self.any_address_due(*deadline_ms);
-                idle.then(|| {
-                    let at = deadline_ms.saturating_add(self.config.reconnect_tick_ms);
-                    let next = TimerKind::Reconnect {
-                        seq: *seq,
-                        deadline_ms: at,
-                    };
-                    IdleTimer::Rearm(at, MembershipTimer(next))
-                })
+                idle.then(|| rearm(*deadline_ms, self.config.reconnect_tick_ms))
             }
             TimerKind::JoinRetry { .. } => None,
         }
@@ -245,11 +250,7 @@ impl Membership {
             self.counters.timer_overflow += 1;
             return;
         }
-        if let TimerKind::Foca {
-            timer: Timer::ChangeSuspectToDown { .. },
-            ..
-        } = &kind
-        {
+        if kind.is_suspect_to_down() {
             self.suspicions_pending += 1;
         }
         self.timers.push_back((deadline_ms, MembershipTimer(kind)));
