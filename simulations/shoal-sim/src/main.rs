@@ -53,6 +53,10 @@ enum Cmd {
         /// Print only the compact per-seed result a sweep collects (JSON on stdout).
         #[arg(long, hide = true, conflicts_with_all = ["json", "out"])]
         seed_result: bool,
+        /// Threads handling agents' events (1 to 8; default: available cores, at most 8).
+        /// Any value gives the same report, byte for byte.
+        #[arg(long, value_parser = clap::value_parser!(u16).range(1..=8))]
+        threads: Option<u16>,
     },
     /// Run one scenario over many seeds in parallel processes and merge the results: per-check
     /// pass counts, failing seeds with reproduce lines, p99 across seeds, pooled percentiles.
@@ -86,6 +90,13 @@ enum Cmd {
     },
 }
 
+/// The available cores, at most [`shoal_sim::world::MAX_THREADS`].
+fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(shoal_sim::world::MAX_THREADS)
+}
+
 fn run_cmd(
     scenario_path: &Path,
     seed: u64,
@@ -93,11 +104,14 @@ fn run_cmd(
     json: bool,
     quiet: bool,
     seed_result: bool,
+    threads: usize,
 ) -> anyhow::Result<bool> {
     let scenario = Scenario::load(scenario_path)?;
     let cfg = RunConfig {
         seed,
         progress: !quiet,
+        threads,
+        min_window_events: None,
     };
     let outcome = if scenario.shoal.is_some() {
         let mut harness = ShoalHarness::new(&scenario, &RngTree::new(seed))?;
@@ -153,13 +167,23 @@ fn main() -> ExitCode {
             json,
             quiet,
             seed_result,
+            threads,
         } => {
             let quiet = quiet || seed_result;
+            let threads = threads.map_or_else(default_threads, usize::from);
             let reproduce = format!(
                 "reproduce with: shoal-sim run {} --seed {seed}",
                 scenario.display()
             );
-            match run_cmd(&scenario, seed, out.as_deref(), json, quiet, seed_result) {
+            match run_cmd(
+                &scenario,
+                seed,
+                out.as_deref(),
+                json,
+                quiet,
+                seed_result,
+                threads,
+            ) {
                 Ok(true) => ExitCode::SUCCESS,
                 Ok(false) => {
                     eprintln!("{reproduce}");

@@ -39,7 +39,15 @@ pub struct Transmit {
 /// Times are the node's local clock in milliseconds (virtual time plus this node's clock skew).
 /// Timer tokens are opaque to the engine; a node must treat a token it no longer expects as a
 /// no-op (timers are never cancelled by the engine).
-pub trait SimNode {
+///
+/// Nodes are `Send` because the engine may handle several nodes' events at once on worker
+/// threads ([`crate::World::set_threads`]). A node that reports to state shared with other
+/// nodes (an observer) keeps what it has to say as [`SimNode::Note`]s: the engine hands them
+/// back in the order one-event-at-a-time handling would have produced them
+/// ([`SimNode::apply_note`]), so shared state sees the same sequence either way.
+pub trait SimNode: Send {
+    /// What the node reports to shared state after an input (`()` for none).
+    type Note: Send;
     /// A datagram from `from` arrived.
     fn handle_datagram(&mut self, now_ms: u64, from: SocketAddr, bytes: &[u8]);
     /// A stream message from `from` arrived (in order for that sender).
@@ -50,6 +58,17 @@ pub trait SimNode {
     fn poll_transmit(&mut self) -> Option<Transmit>;
     /// Next timer to arm: (deadline in local ms, token). A deadline in the past fires now.
     fn poll_timer(&mut self) -> Option<(u64, u64)>;
+
+    /// Applies the notes of the input just handled to shared state at once (one event at a
+    /// time). Called after every input, after the outputs are drained.
+    fn publish_notes(&mut self) {}
+
+    /// Moves the notes of the input just handled into `out` instead (a worker thread).
+    fn take_notes(&mut self, _out: &mut Vec<Self::Note>) {}
+
+    /// Applies one note taken by [`SimNode::take_notes`] (back on the engine's thread, in
+    /// the sequential order).
+    fn apply_note(&mut self, _note: Self::Note) {}
 }
 
 /// Everything a node factory needs to build a node for slot `index`.

@@ -103,6 +103,12 @@ pub struct RunConfig {
     pub seed: u64,
     /// Show a progress bar on stderr (only if stderr is a terminal).
     pub progress: bool,
+    /// `--threads`: threads handling nodes' events ([`World::set_threads`]); the report is the
+    /// same for any value.
+    pub threads: usize,
+    /// Smallest window handled in parallel ([`World::set_min_window_events`]); `None` keeps
+    /// the engine's default. Tests set it low to run small scenarios through parallel windows.
+    pub min_window_events: Option<usize>,
 }
 
 /// Wall-clock speed of a run. Never part of the [`Report`] (it differs run to run).
@@ -392,6 +398,10 @@ pub fn run<H: Harness>(
     let mut fault_rng = tree.child(Purpose::Faults, 0);
     let mut world: World<H::Node> =
         World::new(Arc::clone(&topo), scenario.network.to_config(), &tree);
+    world.set_threads(cfg.threads);
+    if let Some(n) = cfg.min_window_events {
+        world.set_min_window_events(n);
+    }
     let wall = Instant::now();
     world.start_all(|ctx| harness.make_node(ctx));
 

@@ -26,10 +26,8 @@
 //! windows (requests are retried with jittered backoff), and each signed record is published at
 //! the requesting agent and at one more agent of the region (the authority's own mesh member).
 
-use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
-use std::rc::Rc;
 use std::sync::Arc;
 
 use rand::{Rng, RngExt};
@@ -68,8 +66,8 @@ mod workload;
 use authority::*;
 pub use keys::{SharedKeys, SimKeys};
 pub use node::ShoalNode;
-pub use observer::Observer;
 use observer::*;
+pub use observer::{Observer, SharedObserver};
 pub use spec::{
     Expectations, GlobalServiceSpec, PolicySpec, RegionExpectations, RegionsSpec, ShoalSpec,
     Window, WithdrawSpec,
@@ -85,7 +83,7 @@ pub struct ShoalHarness {
     authorities: Vec<RegionAuthority>,
     region_names: Vec<Region>,
     zone_names: Vec<Zone>,
-    observer: Rc<RefCell<Observer>>,
+    observer: SharedObserver,
     instances: Vec<Instance>,
     by_key: HashMap<(ServiceKey, InstanceId), usize>,
     services: Vec<ServiceKey>,
@@ -254,11 +252,11 @@ impl ShoalHarness {
                 c
             })
             .collect();
-        let observer = Rc::new(RefCell::new(Observer {
+        let observer = SharedObserver::new(Observer {
             nodes: topo.len(),
             boots: vec![None; topo.len()],
             ..Observer::default()
-        }));
+        });
         let mut h = Self {
             picks_per_agent_per_s: scenario
                 .traffic
@@ -266,10 +264,7 @@ impl ShoalHarness {
                 .map_or(0.0, |t| t.picks_per_agent_per_s),
             spec,
             mesh_config,
-            keys: SharedKeys(Rc::new(SimKeys {
-                keyring,
-                ..SimKeys::default()
-            })),
+            keys: SharedKeys(Arc::new(SimKeys::new(keyring))),
             node_keys,
             authorities,
             region_names,
@@ -485,7 +480,8 @@ impl Harness for ShoalHarness {
         let mut node = ShoalNode {
             index: ctx.index,
             mesh,
-            observer: Rc::clone(&self.observer),
+            observer: self.observer.clone(),
+            notes: Vec::new(),
         };
         node.tap(now);
         node

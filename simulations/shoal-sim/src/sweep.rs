@@ -532,6 +532,9 @@ fn run_child(exe: &Path, scenario: &Path, seed: u64) -> anyhow::Result<SeedResul
         .arg("--seed")
         .arg(seed.to_string())
         .arg("--seed-result")
+        // The sweep runs seeds side by side: one thread each.
+        .arg("--threads")
+        .arg("1")
         .output()
         .with_context(|| format!("seed {seed}: starting {}", exe.display()))?;
     // Exit status 1 with a result on stdout means "checks failed": still a result.

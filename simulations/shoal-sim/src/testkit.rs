@@ -146,6 +146,8 @@ impl PingNode {
 }
 
 impl SimNode for PingNode {
+    type Note = ();
+
     fn handle_datagram(&mut self, now_ms: u64, from: SocketAddr, bytes: &[u8]) {
         let Some(v) = Self::value(bytes) else { return };
         match bytes[0] {

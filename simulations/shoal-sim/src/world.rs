@@ -26,7 +26,6 @@
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::net::{CutId, DropReason, LinkFaults, NetConfig, NodeCounters, NodeSet};
@@ -35,7 +34,12 @@ use crate::rng::{Purpose, RngTree, SimRng};
 use crate::topology::Topology;
 
 mod membership_faults;
+mod parallel;
 
+pub use parallel::{worker_index, MIN_WINDOW_EVENTS};
+
+/// The most threads [`World::set_threads`] accepts.
+pub const MAX_THREADS: usize = 8;
 /// A stalled node's backlog is capped at this many events; the rest are dropped and counted.
 pub const MAX_STALL_BACKLOG: usize = 1 << 16;
 /// Width of one bucket of the engine's built-in time series, µs.
@@ -179,6 +183,9 @@ struct Core {
     now_us: u64,
     seq: u64,
     queue: BinaryHeap<Event>,
+    /// Events of a parallel window not replayed yet (`world/parallel.rs`): the sequential
+    /// engine's queue would hold them, so they count towards `max_queue_len`. 0 otherwise.
+    window_pending: usize,
     inflight: Vec<Option<InFlight>>,
     free_slots: Vec<u32>,
     topo: Arc<Topology>,
@@ -206,7 +213,7 @@ impl Core {
             epoch,
             kind,
         });
-        let len = self.queue.len() as u64;
+        let len = (self.queue.len() + self.window_pending) as u64;
         if len > self.stats.max_queue_len {
             self.stats.max_queue_len = len;
         }
@@ -318,56 +325,267 @@ impl Core {
         self.stream_prune_at = (self.stream_last.len() * 2).max(4096);
     }
 
-    fn schedule_timer(&mut self, node: u32, skew_ms: i64, deadline_ms: u64, token: u64) {
-        let global_ms = (deadline_ms as i64).saturating_sub(skew_ms).max(0) as u64;
-        let at = global_ms.saturating_mul(1000).max(self.now_us);
-        let epoch = self.epochs[node as usize];
-        self.push(at, node, epoch, EventKind::Timer(token));
-    }
-
     fn local_ms(&self, skew_ms: i64) -> u64 {
-        ((self.now_us / 1000) as i64).saturating_add(skew_ms).max(0) as u64
+        local_ms(self.now_us, skew_ms)
     }
 
-    /// Is `ev` still meaningful? Drops (and counts) it if not.
-    fn still_valid(&mut self, ev: &Event) -> bool {
-        let idx = ev.node as usize;
-        match ev.kind {
-            EventKind::Timer(_) => {
-                let ok = self.alive[idx] && ev.epoch == self.epochs[idx];
-                if !ok {
-                    self.stats.stale_timers += 1;
-                }
-                ok
+    /// Counts one engine statistic.
+    fn count(&mut self, stat: Stat) {
+        match stat {
+            Stat::TimerFired => self.stats.timers_fired += 1,
+            Stat::StaleTimer => self.stats.stale_timers += 1,
+            Stat::DeferredByStall => self.stats.deferred_by_stall += 1,
+        }
+    }
+
+    /// A message of `len` bytes reached node `to`.
+    fn delivered(&mut self, to: u32, channel: Channel, len: u64) {
+        let c = &mut self.counters[to as usize];
+        let flow = match channel {
+            Channel::Datagram => &mut c.datagram_in,
+            Channel::Stream => &mut c.stream_in,
+        };
+        flow.msgs += 1;
+        flow.bytes += len;
+        self.stats.deliveries += 1;
+        bump(&mut self.stats.deliveries_per_bucket, self.now_us);
+    }
+}
+
+/// A node's local clock at global time `now_us`, ms.
+fn local_ms(now_us: u64, skew_ms: i64) -> u64 {
+    ((now_us / 1000) as i64).saturating_add(skew_ms).max(0) as u64
+}
+
+/// The global time, µs, at which a timer a node armed for its local `deadline_ms` fires; a
+/// deadline in the past fires now.
+fn timer_at(now_us: u64, skew_ms: i64, deadline_ms: u64) -> u64 {
+    let global_ms = (deadline_ms as i64).saturating_sub(skew_ms).max(0) as u64;
+    global_ms.saturating_mul(1000).max(now_us)
+}
+
+/// Engine statistics that handling an event may count.
+#[derive(Clone, Copy, Debug)]
+enum Stat {
+    TimerFired,
+    StaleTimer,
+    DeferredByStall,
+}
+
+/// What handling one node's event does to the engine besides the node itself.
+///
+/// The sequential engine ([`Direct`]) applies each call to [`Core`] at once. A parallel window
+/// (`world/parallel.rs`) records the calls and applies them afterwards in the order the
+/// sequential engine would have made them. While a node's event is handled only
+/// [`Effects::core`] is read, and nothing handled in the same window changes what it reads
+/// (liveness and epochs change only between windows, an in-flight slot belongs to one event).
+trait Effects<N: SimNode> {
+    /// The engine state handling reads: liveness, epochs, in-flight messages, addresses.
+    fn core(&self) -> &Core;
+    /// Virtual time of the event being handled, µs.
+    fn now_us(&self) -> u64;
+    /// The message in `slot` was handled or dropped; the slot is free again.
+    fn free(&mut self, slot: u32);
+    /// A message node `from` sent is dropped, counted against its sender.
+    fn drop_msg(&mut self, from: u32, reason: DropReason);
+    /// Queues an event for node `node` (always the node being handled).
+    fn push(&mut self, at_us: u64, node: u32, epoch: u32, kind: EventKind);
+    /// Routes one transmit of node `from`.
+    fn send(&mut self, from: u32, t: Transmit);
+    /// A message of `len` bytes reached node `to`.
+    fn delivered(&mut self, to: u32, channel: Channel, len: u64);
+    /// Counts one engine statistic.
+    fn stat(&mut self, stat: Stat);
+    /// Takes the notes `node` made while handling the input ([`SimNode::take_notes`]).
+    fn notes(&mut self, node: &mut N);
+}
+
+/// The sequential engine: every effect applies to [`Core`] at once.
+struct Direct<'a> {
+    core: &'a mut Core,
+}
+
+impl<N: SimNode> Effects<N> for Direct<'_> {
+    fn core(&self) -> &Core {
+        self.core
+    }
+    fn now_us(&self) -> u64 {
+        self.core.now_us
+    }
+    fn free(&mut self, slot: u32) {
+        self.core.take(slot);
+    }
+    fn drop_msg(&mut self, from: u32, reason: DropReason) {
+        self.core.drop_msg(from, reason);
+    }
+    fn push(&mut self, at_us: u64, node: u32, epoch: u32, kind: EventKind) {
+        self.core.push(at_us, node, epoch, kind);
+    }
+    fn send(&mut self, from: u32, t: Transmit) {
+        self.core.send(from, t);
+    }
+    fn delivered(&mut self, to: u32, channel: Channel, len: u64) {
+        self.core.delivered(to, channel, len);
+    }
+    fn stat(&mut self, stat: Stat) {
+        self.core.count(stat);
+    }
+    fn notes(&mut self, node: &mut N) {
+        node.publish_notes();
+    }
+}
+
+/// One popped event of node `ev.node`: a wake drains the backlog; anything else is checked,
+/// then handled now or parked behind a stall.
+fn pop_event<N: SimNode, E: Effects<N>>(
+    fx: &mut E,
+    node: &mut Option<Box<N>>,
+    sched: &mut Sched,
+    ev: Event,
+) {
+    if let EventKind::Wake = ev.kind {
+        wake(fx, node, sched, ev.node);
+    } else if still_valid(fx, &ev) {
+        admit(fx, node, sched, ev);
+    }
+}
+
+/// Is `ev` still meaningful? Drops (and counts) it if not.
+fn still_valid<N: SimNode, E: Effects<N>>(fx: &mut E, ev: &Event) -> bool {
+    let core = fx.core();
+    let idx = ev.node as usize;
+    match ev.kind {
+        EventKind::Timer(_) => {
+            let ok = core.alive[idx] && ev.epoch == core.epochs[idx];
+            if !ok {
+                fx.stat(Stat::StaleTimer);
             }
-            EventKind::Deliver(slot) => {
-                let f = self.inflight[slot as usize].as_ref().expect("live slot");
-                let ok = self.alive[idx]
-                    && match f.channel {
-                        Channel::Datagram => true,
-                        Channel::Stream => {
-                            f.to_epoch == self.epochs[idx]
-                                && f.from_epoch == self.epochs[f.from as usize]
-                        }
-                    };
-                if !ok {
-                    let from = f.from;
-                    self.take(slot);
-                    self.drop_msg(from, DropReason::Crashed);
-                }
-                ok
+            ok
+        }
+        EventKind::Deliver(slot) => {
+            let f = core.inflight[slot as usize].as_ref().expect("live slot");
+            let ok = core.alive[idx]
+                && match f.channel {
+                    Channel::Datagram => true,
+                    Channel::Stream => {
+                        f.to_epoch == core.epochs[idx]
+                            && f.from_epoch == core.epochs[f.from as usize]
+                    }
+                };
+            if !ok {
+                let from = f.from;
+                fx.free(slot);
+                fx.drop_msg(from, DropReason::Crashed);
             }
-            EventKind::Wake => true,
+            ok
+        }
+        EventKind::Wake => true,
+    }
+}
+
+/// Handles `ev` now, or parks it behind a stall / an existing backlog (keeps order).
+fn admit<N: SimNode, E: Effects<N>>(
+    fx: &mut E,
+    node: &mut Option<Box<N>>,
+    s: &mut Sched,
+    ev: Event,
+) {
+    let now = fx.now_us();
+    let stalled = s.stall.and_then(|st| st.wake_at(now));
+    if stalled.is_none() && s.backlog.is_empty() {
+        return handle(fx, node, s, ev);
+    }
+    if s.backlog.len() >= MAX_STALL_BACKLOG {
+        if let EventKind::Deliver(slot) = ev.kind {
+            let from = fx.core().inflight[slot as usize]
+                .as_ref()
+                .expect("live slot")
+                .from;
+            fx.free(slot);
+            fx.drop_msg(from, DropReason::StallOverflow);
+        }
+        return;
+    }
+    s.backlog.push_back(ev);
+    fx.stat(Stat::DeferredByStall);
+    if !s.wake_scheduled {
+        s.wake_scheduled = true;
+        let at = stalled.unwrap_or(now);
+        fx.push(at, ev.node, 0, EventKind::Wake);
+    }
+}
+
+/// A stalled node wakes: it sleeps on if still inside a stall, else handles its backlog.
+fn wake<N: SimNode, E: Effects<N>>(fx: &mut E, node: &mut Option<Box<N>>, s: &mut Sched, idx: u32) {
+    let now = fx.now_us();
+    s.wake_scheduled = false;
+    if let Some(at) = s.stall.and_then(|st| st.wake_at(now)) {
+        if !s.backlog.is_empty() {
+            s.wake_scheduled = true;
+            fx.push(at, idx, 0, EventKind::Wake);
+        }
+        return;
+    }
+    while let Some(ev) = s.backlog.pop_front() {
+        if still_valid(fx, &ev) {
+            handle(fx, node, s, ev);
         }
     }
 }
 
+/// Hands a validated event to its node, then flushes the node's outputs.
+fn handle<N: SimNode, E: Effects<N>>(fx: &mut E, node: &mut Option<Box<N>>, s: &Sched, ev: Event) {
+    let idx = ev.node;
+    let now_ms = local_ms(fx.now_us(), s.skew_ms);
+    let Some(node) = node.as_deref_mut() else {
+        return;
+    };
+    match ev.kind {
+        EventKind::Timer(token) => {
+            fx.stat(Stat::TimerFired);
+            node.handle_timer(now_ms, token);
+        }
+        EventKind::Deliver(slot) => {
+            let core = fx.core();
+            let f = core.inflight[slot as usize].as_ref().expect("live slot");
+            let from_addr = core.addr_of(f.from);
+            let (channel, len) = (f.channel, f.bytes.len() as u64);
+            match channel {
+                Channel::Datagram => node.handle_datagram(now_ms, from_addr, &f.bytes),
+                Channel::Stream => node.handle_stream_message(now_ms, from_addr, &f.bytes),
+            }
+            fx.free(slot);
+            fx.delivered(idx, channel, len);
+        }
+        EventKind::Wake => unreachable!("wake is handled by the engine"),
+    }
+    flush(fx, node, s, idx);
+}
+
+/// Drains node `idx`'s outputs: all transmits, then all timers, then its notes.
+fn flush<N: SimNode, E: Effects<N>>(fx: &mut E, node: &mut N, s: &Sched, idx: u32) {
+    while let Some(t) = node.poll_transmit() {
+        fx.send(idx, t);
+    }
+    while let Some((deadline_ms, token)) = node.poll_timer() {
+        let at = timer_at(fx.now_us(), s.skew_ms, deadline_ms);
+        let epoch = fx.core().epochs[idx as usize];
+        fx.push(at, idx, epoch, EventKind::Timer(token));
+    }
+    fx.notes(node);
+}
+
 /// The simulated world: a topology of nodes of type `N`, a network and a clock.
 pub struct World<N> {
-    nodes: Vec<Option<N>>,
+    /// Boxed so a parallel window moves a pointer, not the node, to a worker.
+    nodes: Vec<Option<Box<N>>>,
     sched: Vec<Sched>,
     core: Core,
     rng: RngTree,
+    /// Threads [`World::run_until`] may use (1: one event at a time).
+    threads: usize,
+    /// Parallel windows' reusable state (`world/parallel.rs`).
+    windows: parallel::Windows,
 }
 
 impl<N: SimNode> World<N> {
@@ -382,6 +600,7 @@ impl<N: SimNode> World<N> {
                 now_us: 0,
                 seq: 0,
                 queue: BinaryHeap::with_capacity(n * 8),
+                window_pending: 0,
                 inflight: Vec::new(),
                 free_slots: Vec::new(),
                 topo,
@@ -397,6 +616,8 @@ impl<N: SimNode> World<N> {
                 moved: Default::default(),
             },
             rng: rng.clone(),
+            threads: 1,
+            windows: parallel::Windows::new(n),
         }
     }
 
@@ -429,7 +650,7 @@ impl<N: SimNode> World<N> {
 
     /// Node `idx`, if running.
     pub fn node(&self, idx: u32) -> Option<&N> {
-        self.nodes[idx as usize].as_ref()
+        self.nodes[idx as usize].as_deref()
     }
 
     /// All slots in index order (`None` = crashed / never started).
@@ -437,7 +658,7 @@ impl<N: SimNode> World<N> {
         self.nodes
             .iter()
             .enumerate()
-            .map(|(i, n)| (i as u32, n.as_ref()))
+            .map(|(i, n)| (i as u32, n.as_deref()))
     }
 
     /// Whether node `idx` is running.
@@ -478,6 +699,12 @@ impl<N: SimNode> World<N> {
         &self.core.counters
     }
 
+    /// Windows [`World::run_until`] handled in parallel so far (0 on one thread). Not in any
+    /// report: it depends on the thread count.
+    pub fn parallel_windows(&self) -> u64 {
+        self.windows.parallel
+    }
+
     /// Engine statistics.
     pub fn stats(&self) -> &EngineStats {
         &self.core.stats
@@ -507,8 +734,15 @@ impl<N: SimNode> World<N> {
 
     /// Processes every event with time <= `until_us`, then sets the clock to `until_us` (if
     /// later). Returns the number of events processed.
+    ///
+    /// With [`World::set_threads`] above 1 the events are handled in parallel windows
+    /// (`world/parallel.rs`); the outcome is the same, event for event, as handling them one
+    /// by one.
     pub fn run_until(&mut self, until_us: u64) -> u64 {
         let before = self.core.stats.events;
+        if self.threads > 1 {
+            parallel::run_windows(self, until_us);
+        }
         while self.core.queue.peek().is_some_and(|e| e.at_us <= until_us) {
             self.step();
         }
@@ -516,112 +750,48 @@ impl<N: SimNode> World<N> {
         self.core.stats.events - before
     }
 
+    /// Handles nodes' events on this many threads in [`World::run_until`] (1, the default,
+    /// handles one event at a time; at most [`MAX_THREADS`]). Any value gives the same run.
+    pub fn set_threads(&mut self, threads: usize) {
+        self.threads = threads.clamp(1, MAX_THREADS);
+    }
+
+    /// Windows with fewer events than this run one event at a time (default
+    /// [`parallel::MIN_WINDOW_EVENTS`]; at least 1). Changes speed only; tests lower it so
+    /// that small scenarios go through parallel windows too.
+    pub fn set_min_window_events(&mut self, events: usize) {
+        self.windows.min_events = events.max(1);
+    }
+
     /// Processes the next event, if any. Returns its time, µs.
     pub fn step(&mut self) -> Option<u64> {
         let ev = self.core.queue.pop()?;
-        debug_assert!(ev.at_us >= self.core.now_us, "time went backwards");
-        self.core.now_us = ev.at_us;
-        self.core.stats.events += 1;
-        if let EventKind::Wake = ev.kind {
-            self.wake(ev.node);
-        } else if self.core.still_valid(&ev) {
-            self.admit(ev);
-        }
+        self.step_event(ev);
         Some(ev.at_us)
     }
 
-    /// Handles `ev` now, or parks it behind a stall / an existing backlog (keeps order).
-    fn admit(&mut self, ev: Event) {
-        let now = self.core.now_us;
-        let s = &mut self.sched[ev.node as usize];
-        let stalled = s.stall.and_then(|st| st.wake_at(now));
-        if stalled.is_none() && s.backlog.is_empty() {
-            return self.handle(ev);
-        }
-        if s.backlog.len() >= MAX_STALL_BACKLOG {
-            if let EventKind::Deliver(slot) = ev.kind {
-                let from = self.core.take(slot).from;
-                self.core.drop_msg(from, DropReason::StallOverflow);
-            }
-            return;
-        }
-        s.backlog.push_back(ev);
-        self.core.stats.deferred_by_stall += 1;
-        if !s.wake_scheduled {
-            s.wake_scheduled = true;
-            let at = stalled.unwrap_or(now);
-            self.core.push(at, ev.node, 0, EventKind::Wake);
-        }
-    }
-
-    fn wake(&mut self, idx: u32) {
-        let now = self.core.now_us;
-        let s = &mut self.sched[idx as usize];
-        s.wake_scheduled = false;
-        if let Some(at) = s.stall.and_then(|st| st.wake_at(now)) {
-            if !s.backlog.is_empty() {
-                s.wake_scheduled = true;
-                self.core.push(at, idx, 0, EventKind::Wake);
-            }
-            return;
-        }
-        while let Some(ev) = self.sched[idx as usize].backlog.pop_front() {
-            if self.core.still_valid(&ev) {
-                self.handle(ev);
-            }
-        }
-    }
-
-    /// Hands a validated event to its node, then flushes the node's outputs.
-    fn handle(&mut self, ev: Event) {
-        let idx = ev.node;
-        let skew = self.sched[idx as usize].skew_ms;
-        let now_ms = self.core.local_ms(skew);
-        let Some(node) = self.nodes[idx as usize].as_mut() else {
-            return;
+    /// Processes `ev`, just taken off the queue.
+    fn step_event(&mut self, ev: Event) {
+        debug_assert!(ev.at_us >= self.core.now_us, "time went backwards");
+        self.core.now_us = ev.at_us;
+        self.core.stats.events += 1;
+        let i = ev.node as usize;
+        let mut fx = Direct {
+            core: &mut self.core,
         };
-        match ev.kind {
-            EventKind::Timer(token) => {
-                self.core.stats.timers_fired += 1;
-                node.handle_timer(now_ms, token);
-            }
-            EventKind::Deliver(slot) => {
-                let f = self.core.take(slot);
-                let from_addr: SocketAddr = self.core.addr_of(f.from);
-                let c = &mut self.core.counters[idx as usize];
-                let len = f.bytes.len() as u64;
-                match f.channel {
-                    Channel::Datagram => {
-                        c.datagram_in.msgs += 1;
-                        c.datagram_in.bytes += len;
-                        node.handle_datagram(now_ms, from_addr, &f.bytes);
-                    }
-                    Channel::Stream => {
-                        c.stream_in.msgs += 1;
-                        c.stream_in.bytes += len;
-                        node.handle_stream_message(now_ms, from_addr, &f.bytes);
-                    }
-                }
-                self.core.stats.deliveries += 1;
-                bump(&mut self.core.stats.deliveries_per_bucket, self.core.now_us);
-            }
-            EventKind::Wake => unreachable!("wake is handled by the engine"),
-        }
-        self.flush(idx);
+        pop_event(&mut fx, &mut self.nodes[i], &mut self.sched[i], ev);
     }
 
-    /// Drains node `idx`'s outputs: all transmits, then all timers.
+    /// Drains node `idx`'s outputs: all transmits, then all timers, then its notes.
     fn flush(&mut self, idx: u32) {
-        let skew = self.sched[idx as usize].skew_ms;
-        let Some(node) = self.nodes[idx as usize].as_mut() else {
+        let i = idx as usize;
+        let Some(node) = self.nodes[i].as_deref_mut() else {
             return;
         };
-        while let Some(t) = node.poll_transmit() {
-            self.core.send(idx, t);
-        }
-        while let Some((deadline_ms, token)) = node.poll_timer() {
-            self.core.schedule_timer(idx, skew, deadline_ms, token);
-        }
+        let mut fx = Direct {
+            core: &mut self.core,
+        };
+        flush(&mut fx, node, &self.sched[i], idx);
     }
 
     // ---- scenario entry points ----
@@ -632,7 +802,7 @@ impl<N: SimNode> World<N> {
     /// [`World::is_stalled`]).
     pub fn with_node<R>(&mut self, idx: u32, f: impl FnOnce(&mut N, u64) -> R) -> Option<R> {
         let now_ms = self.local_ms(idx);
-        let node = self.nodes[idx as usize].as_mut()?;
+        let node = self.nodes[idx as usize].as_deref_mut()?;
         let r = f(node, now_ms);
         self.flush(idx);
         Some(r)
@@ -659,7 +829,7 @@ impl<N: SimNode> World<N> {
     /// node typically arms its first timers in its constructor).
     pub fn start(&mut self, idx: u32, node: N) {
         assert!(!self.core.alive[idx as usize], "node {idx} already running");
-        self.nodes[idx as usize] = Some(node);
+        self.nodes[idx as usize] = Some(Box::new(node));
         self.core.alive[idx as usize] = true;
         self.flush(idx);
     }

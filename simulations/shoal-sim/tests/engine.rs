@@ -23,6 +23,8 @@ struct Rec {
 }
 
 impl SimNode for Rec {
+    type Note = ();
+
     fn handle_datagram(&mut self, now_ms: u64, from: SocketAddr, bytes: &[u8]) {
         self.got
             .push((now_ms, from, Channel::Datagram, bytes.to_vec()));
@@ -116,6 +118,8 @@ fn report_json(seed: u64) -> String {
         &RunConfig {
             seed,
             progress: false,
+            threads: 1,
+            min_window_events: None,
         },
     )
     .unwrap()
@@ -442,6 +446,8 @@ fn run_spread(seed: u64) -> (Vec<(u64, FaultKind, Vec<u32>)>, shoal_sim::report:
     let cfg = RunConfig {
         seed,
         progress: false,
+        threads: 1,
+        min_window_events: None,
     };
     let report = run(&s, &mut h, &cfg).unwrap().report;
     (h.seen, report)
@@ -473,4 +479,54 @@ fn spread_restart_hits_each_target_once_evenly_in_seeded_order() {
     // Same seed, same steps; another seed, another order.
     assert_eq!(run_spread(3).0, seen);
     assert_ne!(run_spread(4).0, seen);
+}
+
+/// `ping-small.toml` (every fault action: cuts, isolation, one-way and single links, crash,
+/// restart, CPU stall, clock skew, network changes, recovery) ten times faster, with a 1 ms ping
+/// period so most windows hold enough events to run in parallel.
+fn dense_ping_report(threads: usize) -> String {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/ping-small.toml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let tenth = |line: &str, key: &str| -> Option<String> {
+        let v: u64 = line.strip_prefix(key)?.trim().parse().ok()?;
+        Some(format!("{key}{}", v / 10))
+    };
+    let text: Vec<String> = text
+        .lines()
+        .map(|l| {
+            ["at_ms = ", "for_ms = ", "duration_ms = "]
+                .iter()
+                .find_map(|k| tenth(l, k))
+                .unwrap_or_else(|| l.replace("ping_interval_ms = 200", "ping_interval_ms = 1"))
+        })
+        .collect();
+    let s = Scenario::parse(&text.join("\n")).unwrap();
+    assert_eq!((s.duration_ms, s.toy.ping_interval_ms), (6_000, 1));
+    let mut h = PingHarness {
+        cfg: PingConfig::from(&s.toy),
+    };
+    let cfg = RunConfig {
+        seed: 7,
+        progress: false,
+        threads,
+        min_window_events: Some(2),
+    };
+    run(&s, &mut h, &cfg).unwrap().report.to_json()
+}
+
+#[test]
+fn parallel_windows_give_the_sequential_report() {
+    let one = dense_ping_report(1);
+    let v: serde_json::Value = serde_json::from_str(&one).unwrap();
+    let deferred = v
+        .pointer("/engine/deferred_by_stall")
+        .and_then(|d| d.as_u64());
+    assert!(
+        deferred > Some(0),
+        "the stall must defer events: {deferred:?}"
+    );
+    for threads in [2, 3] {
+        assert_eq!(dense_ping_report(threads), one, "{threads} threads");
+    }
 }

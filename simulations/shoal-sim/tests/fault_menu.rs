@@ -15,6 +15,8 @@ fn run_seed(toml: &str, seed: u64) -> Report {
     let cfg = RunConfig {
         seed,
         progress: false,
+        threads: 1,
+        min_window_events: None,
     };
     run(&scenario, &mut harness, &cfg).expect("runs").report
 }

@@ -13,6 +13,8 @@ fn run_seed(toml: &str, seed: u64) -> shoal_sim::report::Report {
     let cfg = RunConfig {
         seed,
         progress: false,
+        threads: 1,
+        min_window_events: None,
     };
     run(&scenario, &mut harness, &cfg).expect("runs").report
 }

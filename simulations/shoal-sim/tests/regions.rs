@@ -19,6 +19,8 @@ fn run_scenario(name: &str) -> Report {
     let cfg = RunConfig {
         seed: 1,
         progress: false,
+        threads: 1,
+        min_window_events: None,
     };
     let report = run(&scenario, &mut harness, &cfg).expect("runs").report;
     let failed = report.failed_checks();

@@ -38,6 +38,8 @@ fn rolling_restart_times_every_old_identity() {
     let cfg = RunConfig {
         seed: 1,
         progress: false,
+        threads: 1,
+        min_window_events: None,
     };
     let report = run(&scenario, &mut harness, &cfg).expect("runs").report;
     let c = &report.counters;

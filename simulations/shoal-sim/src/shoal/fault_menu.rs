@@ -200,7 +200,8 @@ impl ShoalHarness {
         let mut n = ShoalNode {
             index: on,
             mesh,
-            observer: Rc::clone(&self.observer),
+            observer: self.observer.clone(),
+            notes: Vec::new(),
         };
         n.tap(now);
         world.start(on, n);

@@ -9,7 +9,10 @@ use super::*;
 pub struct ShoalNode {
     pub(super) index: u32,
     pub(super) mesh: Mesh<SharedKeys>,
-    pub(super) observer: Rc<RefCell<Observer>>,
+    pub(super) observer: SharedObserver,
+    /// Events of the input being handled, with the node's time, not yet given to the
+    /// observer ([`SimNode::Note`]).
+    pub(super) notes: Vec<(u64, MeshEvent)>,
 }
 
 impl ShoalNode {
@@ -26,18 +29,38 @@ impl ShoalNode {
     pub fn command(&mut self, now_ms: u64, cmd: Command) -> Result<(), shoal_mesh::Refusal> {
         let r = self.mesh.handle_command(now_ms, cmd);
         self.tap(now_ms);
+        self.publish_notes();
         r
     }
 
     pub(super) fn tap(&mut self, now_ms: u64) {
-        let mut obs = self.observer.borrow_mut();
         while let Some(ev) = self.mesh.poll_event() {
-            obs.on_event(self.index, now_ms, ev);
+            self.notes.push((now_ms, ev));
         }
     }
 }
 
 impl SimNode for ShoalNode {
+    type Note = (u64, MeshEvent);
+
+    fn publish_notes(&mut self) {
+        if self.notes.is_empty() {
+            return;
+        }
+        let mut obs = self.observer.borrow_mut();
+        for (now_ms, ev) in self.notes.drain(..) {
+            obs.on_event(self.index, now_ms, ev);
+        }
+    }
+
+    fn take_notes(&mut self, out: &mut Vec<Self::Note>) {
+        out.append(&mut self.notes);
+    }
+
+    fn apply_note(&mut self, (now_ms, ev): Self::Note) {
+        self.observer.borrow_mut().on_event(self.index, now_ms, ev);
+    }
+
     fn handle_datagram(&mut self, now_ms: u64, from: SocketAddr, bytes: &[u8]) {
         self.mesh.handle_datagram(now_ms, from, bytes);
         self.tap(now_ms);

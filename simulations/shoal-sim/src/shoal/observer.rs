@@ -64,6 +64,28 @@ pub struct Observer {
     pub(super) spells: super::fault_menu::DownSpells,
 }
 
+/// The observer, shared by the harness and every node. Only the engine's thread locks it:
+/// nodes on worker threads keep their events as notes ([`crate::SimNode::Note`]), which the
+/// engine applies in sequential order.
+#[derive(Clone, Debug)]
+pub struct SharedObserver(std::sync::Arc<std::sync::Mutex<Observer>>);
+
+impl SharedObserver {
+    pub(super) fn new(observer: Observer) -> Self {
+        Self(std::sync::Arc::new(std::sync::Mutex::new(observer)))
+    }
+
+    /// The observer, to read.
+    pub(super) fn borrow(&self) -> std::sync::MutexGuard<'_, Observer> {
+        self.0.lock().expect("the observer lock is never poisoned")
+    }
+
+    /// The observer, to change.
+    pub(super) fn borrow_mut(&self) -> std::sync::MutexGuard<'_, Observer> {
+        self.borrow()
+    }
+}
+
 pub(super) fn node_index(id: &NodeId) -> Option<u32> {
     id.as_str().strip_prefix('n')?.parse().ok()
 }
