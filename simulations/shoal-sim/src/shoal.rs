@@ -170,16 +170,23 @@ fn share_catalogs(
             continue;
         };
         let reference_mark = catalog_mark(world.epoch(first), &reference);
-        for i in nodes {
-            let epoch = world.epoch(i);
-            world.with_node(i, |n, _| {
-                let mark = (first, catalog_mark(epoch, n.mesh.catalog()), reference_mark);
-                let slot = &mut marks[i as usize];
-                if *slot != Some(mark) {
-                    swapped += n.mesh.share_catalog_maps(&reference) as u64;
-                    *slot = Some(mark);
-                }
-            });
+        let epochs: Vec<u32> = (0..world.len() as u32).map(|i| world.epoch(i)).collect();
+        let seen: &[Option<ShareMark>] = marks;
+        // Each agent compares its own maps with the reference: independent, so in parallel.
+        let passes = world.par_map_nodes(&nodes, |i, n| {
+            let mark = (
+                first,
+                catalog_mark(epochs[i as usize], n.mesh.catalog()),
+                reference_mark,
+            );
+            (seen[i as usize] != Some(mark))
+                .then(|| (mark, n.mesh.share_catalog_maps(&reference) as u64))
+        });
+        for (&i, pass) in nodes.iter().zip(passes) {
+            if let Some(Some((mark, n))) = pass {
+                swapped += n;
+                marks[i as usize] = Some(mark);
+            }
         }
     }
     swapped

@@ -28,6 +28,8 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
+use rayon::prelude::*;
+
 use crate::net::{CutId, DropReason, LinkFaults, NetConfig, NodeCounters, NodeSet};
 use crate::node::{Channel, NodeCtx, SimNode, Transmit};
 use crate::rng::{Purpose, RngTree, SimRng};
@@ -806,6 +808,37 @@ impl<N: SimNode> World<N> {
         let r = f(node, now_ms);
         self.flush(idx);
         Some(r)
+    }
+
+    /// Calls `f(idx, node)` on each running node of `nodes`, on the parallel windows' threads
+    /// when there are several ([`World::set_threads`]), then flushes each node's outputs in
+    /// the order of `nodes`, as calling [`World::with_node`] on each in turn would. Returns
+    /// what `f` returned, in the order of `nodes` (`None` for a node not running). `f` must
+    /// not depend on the order it runs in: it sees each node alone, and no engine state.
+    pub fn par_map_nodes<R: Send>(
+        &mut self,
+        nodes: &[u32],
+        f: impl Fn(u32, &mut N) -> R + Sync,
+    ) -> Vec<Option<R>>
+    where
+        N: Sync,
+    {
+        let mut picked: Vec<(u32, Option<Box<N>>)> = nodes
+            .iter()
+            .map(|&i| (i, self.nodes[i as usize].take()))
+            .collect();
+        let run = |(i, node): &mut (u32, Option<Box<N>>)| node.as_deref_mut().map(|n| f(*i, n));
+        let out: Vec<Option<R>> = match self.windows.pool() {
+            Some(pool) if self.threads > 1 => {
+                pool.install(|| picked.par_iter_mut().map(run).collect())
+            }
+            _ => picked.iter_mut().map(run).collect(),
+        };
+        for (i, node) in picked {
+            self.nodes[i as usize] = node;
+            self.flush(i);
+        }
+        out
     }
 
     /// Builds the context for starting node `idx` in its next boot epoch (the current one if

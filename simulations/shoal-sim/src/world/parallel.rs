@@ -189,6 +189,11 @@ pub(super) struct Windows {
 }
 
 impl Windows {
+    /// The worker pool, once a parallel window has built it.
+    pub(super) fn pool(&self) -> Option<&rayon::ThreadPool> {
+        self.pool.as_ref()
+    }
+
     pub(super) fn new(nodes: usize) -> Self {
         Self {
             run_of: vec![u32::MAX; nodes],
