@@ -40,8 +40,8 @@ use shoal_mesh::mesh::Restore;
 use shoal_mesh::{Command, MembershipEvent, Mesh, MeshConfig, MeshEvent, TimerToken};
 use shoal_proto::{
     EndpointSpec, Generation, HealthStatus, InstanceId, LabelDimension, Labels, LifecycleState,
-    NodeId, NodeKey, Region, Revision, ServiceKey, SignatureBytes, SignatureError, SignedHealth,
-    SignedLifecycle, SigningKey, TransitionReason, VerifyingKey, Version, Zone,
+    Name, NodeId, NodeKey, Region, Revision, ServiceKey, SignatureBytes, SignatureError,
+    SignedHealth, SignedLifecycle, SigningKey, TransitionReason, VerifyingKey, Version, Zone,
 };
 
 use crate::node::{Channel, NodeCtx, SimNode, Transmit};
@@ -328,8 +328,17 @@ impl ShoalHarness {
             self.initial = catalogs;
             return;
         };
+        // Every key shares one namespace and one port-name string: ids compare equal strings
+        // by pointer first, so a catalog lookup compares only service names (the same keys
+        // as `format!("prod/svc-{s}/http").parse()`, built without a copy of each part).
+        let namespace = Name::new("prod").expect("valid name");
+        let port_name = Name::new("http").expect("valid name");
         for s in 0..services.count {
-            let key: ServiceKey = format!("prod/svc-{s}/http").parse().expect("valid key");
+            let key = ServiceKey {
+                namespace: namespace.clone(),
+                service: Name::new(format!("svc-{s}")).expect("valid name"),
+                port_name: port_name.clone(),
+            };
             let region = (s % u32::from(regions)) as u16;
             let n = draw_count(&services.instances, &mut self.rng);
             self.services.push(key.clone());

@@ -30,19 +30,28 @@ impl Catalog {
         // than once): the record held under this revision is this very record, so it was
         // verified and its revision observed when it was stored. Same outcome as the full
         // path below, with one lookup instead of several.
-        if let Some(held) = self
+        //
+        // One revision names one transition: a record reusing a revision held by another
+        // instance is a fault (two leaders, a forged record), never a second truth. Decided
+        // from the same lookup (nothing below changes the revision index before it is used).
+        let reused = match self
             .regions
             .get(&rec.region)
             .and_then(|r| r.by_revision.get(&rec.revision))
         {
-            if Arc::ptr_eq(held, &signed) || **held == *signed {
+            Some(held) if Arc::ptr_eq(held, &signed) || **held == *signed => {
                 return MergeOutcome::Duplicate;
             }
-        }
+            Some(held) => (&held.record.key, &held.record.instance) != (&rec.key, &rec.instance),
+            None => false,
+        };
         if let Err(e) = verifier.verify_lifecycle(&signed) {
             return MergeOutcome::BadSignature(e);
         }
-        let region = self.regions.entry(rec.region.clone()).or_default();
+        let region = match self.regions.get_mut(&rec.region) {
+            Some(region) => region,
+            None => self.regions.entry(rec.region.clone()).or_default(),
+        };
         let marker = rec.order();
         let held = self
             .services
@@ -64,12 +73,6 @@ impl Catalog {
                 }
             }
         };
-        // One revision names one transition: a record reusing a revision held by another
-        // instance is a fault (two leaders, a forged record), never a second truth.
-        let reused = region
-            .by_revision
-            .get(&rec.revision)
-            .is_some_and(|r| (&r.record.key, &r.record.instance) != (&rec.key, &rec.instance));
         let outcome = if outcome == MergeOutcome::Applied && reused {
             MergeOutcome::Conflict
         } else {
@@ -86,9 +89,14 @@ impl Catalog {
         ) && self.learn_keys(&signed);
         let owner = learnt.then(|| signed.record.owner.clone());
         if outcome == MergeOutcome::Applied {
-            let (key, instance) = (signed.record.key.clone(), signed.record.instance.clone());
-            self.store_lifecycle(signed);
-            self.admit_early(&key, &instance, verifier);
+            if self.early_count == 0 {
+                // Nothing held early, so nothing to admit (and storing holds nothing).
+                self.store_lifecycle(signed);
+            } else {
+                let (key, instance) = (signed.record.key.clone(), signed.record.instance.clone());
+                self.store_lifecycle(signed);
+                self.admit_early(&key, &instance, verifier);
+            }
         }
         if let Some(owner) = owner {
             self.recheck_owner(&owner, verifier);
@@ -137,20 +145,22 @@ impl Catalog {
         self.index += 1;
         let index = self.index;
         let rec = &signed.record;
-        let key = rec.key.clone();
-        let instance = rec.instance.clone();
         let marker = rec.order();
         let region = self
             .regions
             .get_mut(&rec.region)
             .expect("region created on merge");
         region.by_revision.insert(rec.revision, Arc::clone(&signed));
-        let service = self.services.entry(key).or_default();
+        // One lookup when the service is known (the common case), not `entry`'s two.
+        let service = match self.services.get_mut(&rec.key) {
+            Some(service) => service,
+            None => self.services.entry(rec.key.clone()).or_default(),
+        };
         service.modify_index = index;
-        match service.instances.get_mut(&instance) {
+        match service.instances.get_mut(&rec.instance) {
             None => {
                 service.instances.insert(
-                    instance,
+                    rec.instance.clone(),
                     Entry {
                         lifecycle: LWWReg {
                             val: signed,
