@@ -532,3 +532,32 @@ pub async fn run(cfg: AuthorityConfig) -> anyhow::Result<()> {
 pub fn members_of(cfg: &AuthorityConfig) -> BTreeMap<RaftId, String> {
     cfg.members.iter().map(|m| (m.id, m.node.clone())).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use openraft::error::Fatal;
+    use openraft::{AnyError, ServerState, StorageIOError};
+
+    use super::*;
+
+    /// QA finding A: after a storage error openraft's metrics still carry the last leader (and
+    /// term); `status` must not name it, and the cause must be reported.
+    #[test]
+    fn a_stopped_core_backs_no_leader_and_names_its_cause() {
+        let mut m = RaftMetrics::new_initial(3);
+        m.current_leader = Some(3);
+        m.state = ServerState::Leader;
+        assert_eq!(core_stopped(&m), None);
+        assert_eq!(live_leader(&m), Some(3));
+
+        let io = StorageIOError::write_logs(AnyError::error("raft.log: No space left on device"));
+        m.running_state = Err(Fatal::StorageError(io.into()));
+        m.state = ServerState::Shutdown;
+        let cause = core_stopped(&m).expect("stopped");
+        assert!(
+            cause.starts_with("storage error: ") && cause.contains("No space left on device"),
+            "{cause}"
+        );
+        assert_eq!(live_leader(&m), None, "the stale leader is not reported");
+    }
+}
