@@ -8,6 +8,8 @@
 //! - [`backup`]: the data-directory lock, `snapshot save` and `snapshot restore`.
 //! - [`storage`]: fsync'd, checksummed log/vote files and snapshots; torn or corrupt files
 //!   are refused.
+//! - [`audit_file`]: the replica's `audit.log` writer (a failed append is kept and written
+//!   later, or named by an `audit_gap` line; never dropped silently).
 //! - [`network`]: Raft RPCs over a dedicated transport, correlated by id, bounded, with
 //!   deadlines; only configured members may speak Raft.
 //! - [`server`]: the replica: agent RPC (leader-only writes, `NotLeader`, bounded
@@ -18,6 +20,7 @@
 //! - [`cli`]: `shoal authority run|status|snapshot|keygen`.
 //! - [`config`]: the `authority.toml` file.
 
+pub mod audit_file;
 pub mod backup;
 pub mod cli;
 pub mod client;

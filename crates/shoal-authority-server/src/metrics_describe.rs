@@ -8,6 +8,14 @@ use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
 /// (name, help) of every counter.
 const COUNTERS: &[(&str, &str)] = &[
     (
+        "shoal_authority_audit_append_failures_total",
+        "Failed appends to audit.log (full disk, I/O error); the lines wait in memory (crate::audit_file).",
+    ),
+    (
+        "shoal_authority_audit_gaps_total",
+        "audit_gap lines written: audit lines that could not be kept (backlog full, or a snapshot's ring no longer holds them).",
+    ),
+    (
         "shoal_authority_leader_changes_total",
         "Leader changes this replica observed.",
     ),
@@ -111,6 +119,10 @@ const COUNTERS: &[(&str, &str)] = &[
 
 /// (name, help) of every gauge.
 const GAUGES: &[(&str, &str)] = &[
+    (
+        "shoal_authority_audit_backlog_lines",
+        "Audit lines waiting in memory because appending to audit.log failed (0 when healthy).",
+    ),
     (
         "shoal_authority_applied_index",
         "Last Raft log index applied by this replica.",

@@ -13,6 +13,15 @@
 //!   request whose first attempt committed, e.g. after a `NoQuorum` timeout, is idempotent).
 //! - **Reads** (`GetPolicy`, `Status`) are answered by any replica from its applied state.
 //!
+//! # A stopped Raft core
+//! openraft stops a replica's Raft core for good on a storage error (a full disk, an I/O error:
+//! `Fatal::StorageError`), and its metrics keep the last leader and term the core knew. Such a
+//! replica must not pose as healthy: [`run`] exits non-zero as soon as the core stops (ADR
+//! 0022), so systemd or Kubernetes restarts it; a restart reopens the log (a torn tail is
+//! cut), and the replica rejoins once its disk takes writes again. Until it has exited,
+//! `Status` is refused with code `replica_stopped` and the cause, and writes answer
+//! `NotLeader { leader: None }` (the caller tries another replica).
+//!
 //! # Leader duties
 //! On becoming leader (each new term) the replica proposes `LeaderTakeover { now_ms }` before
 //! anything else of its own, then every `expire_interval_ms` proposes `ExpireLeases { now_ms }`
@@ -36,7 +45,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -54,8 +62,11 @@ use tokio::sync::{mpsc, Semaphore};
 use crate::config::AuthorityConfig;
 use crate::member::{self, MemberHandle, MemberSettings};
 use crate::network::{Network, RaftRpc};
-use crate::storage::{self, Applied, DirLock, LogStore, StateMachineStore, AUDIT_FILE};
-use crate::types::{Raft, RaftId};
+use crate::storage::{self, Applied, DirLock, LogStore, StateMachineStore};
+use crate::types::{Member, Raft, RaftId};
+
+/// The replica's openraft metrics.
+pub type RaftMetrics = openraft::RaftMetrics<RaftId, Member>;
 
 mod leader;
 mod membership;
@@ -89,7 +100,6 @@ pub struct Replica {
     started: Instant,
     operators: BTreeSet<String>,
     inflight: Arc<Semaphore>,
-    audit: std::sync::Mutex<Option<std::fs::File>>,
     takeover_term: AtomicU64,
     /// The term whose `LeaderTakeover` has committed (lease and liveness duties wait for it).
     takeover_done: AtomicU64,
@@ -249,12 +259,6 @@ impl Replica {
             }
         }
 
-        let audit = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600) // it names local callers (uid, pid, executable)
-            .open(cfg.data_dir.join(AUDIT_FILE))
-            .ok();
         let replica = Arc::new(Self {
             operators: cfg.operators.iter().cloned().collect(),
             inflight: Arc::new(Semaphore::new(cfg.max_inflight_requests)),
@@ -264,7 +268,6 @@ impl Replica {
             rpc: rpc_t,
             raft_rpc,
             started,
-            audit: std::sync::Mutex::new(audit),
             takeover_term: AtomicU64::new(0),
             takeover_done: AtomicU64::new(0),
             liveness_busy: AtomicBool::new(false),
@@ -349,7 +352,28 @@ impl Replica {
         &self.tls
     }
 
-    /// This replica's status.
+    /// Why this replica's Raft core has stopped (e.g. `storage error: ... No space left on
+    /// device`); `None` while it runs. A stopped core never restarts in this process.
+    pub fn core_stopped(&self) -> Option<String> {
+        core_stopped(&self.raft.metrics().borrow())
+    }
+
+    /// Waits until the Raft core stops (on a storage error, or at shutdown) and returns why.
+    pub async fn wait_core_stopped(&self) -> String {
+        let mut rx = self.raft.metrics();
+        loop {
+            if let Some(cause) = core_stopped(&rx.borrow_and_update()) {
+                return cause;
+            }
+            if rx.changed().await.is_err() {
+                return core_stopped(&rx.borrow())
+                    .unwrap_or_else(|| "the Raft core's metrics channel closed".to_owned());
+            }
+        }
+    }
+
+    /// This replica's status. `leader` is the leader this replica's running Raft core follows
+    /// (or is); `None` once the core has stopped, whatever its last metrics said.
     pub fn status(&self) -> AuthorityStatus {
         let m = self.raft.metrics().borrow().clone();
         let node_of = |id: RaftId| -> Option<NodeId> {
@@ -371,7 +395,7 @@ impl Replica {
                 .node
                 .parse()
                 .unwrap_or_else(|_| "unknown".parse().expect("valid node id")),
-            leader: m.current_leader.and_then(node_of),
+            leader: live_leader(&m).and_then(node_of),
             term: m.current_term,
             applied_index: m.last_applied.map_or(0, |l| l.index),
             revision,
@@ -384,6 +408,26 @@ impl Replica {
             cluster_id,
         }
     }
+}
+
+/// Why the Raft core behind `m` has stopped (`Display` of openraft's `Fatal`), or `None` while
+/// it runs.
+pub fn core_stopped(m: &RaftMetrics) -> Option<String> {
+    match &m.running_state {
+        Ok(()) if m.state != openraft::ServerState::Shutdown => None,
+        Ok(()) => Some("raft stopped".to_owned()),
+        Err(openraft::error::Fatal::StorageError(e)) => Some(format!("storage error: {e}")),
+        Err(e) => Some(e.to_string()),
+    }
+}
+
+/// The leader a running Raft core backs: `current_leader` while the core runs, `None` once it
+/// has stopped (openraft leaves the last leader it knew in the metrics then).
+pub fn live_leader(m: &RaftMetrics) -> Option<RaftId> {
+    if core_stopped(m).is_some() {
+        return None;
+    }
+    m.current_leader
 }
 
 /// Consumes applied records: counts them and hands them to the embedded mesh member, which
@@ -450,6 +494,7 @@ pub async fn run(cfg: AuthorityConfig) -> anyhow::Result<()> {
         let bound = serve_metrics(addr).await?;
         tracing::info!(%bound, "metrics endpoint");
     }
+    let node = cfg.me().node.clone();
     let replica = Replica::start(cfg).await?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     // systemd `Type=notify`: storage opened, transports bound, Raft started (a no-op without
@@ -463,6 +508,19 @@ pub async fn run(cfg: AuthorityConfig) -> anyhow::Result<()> {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {},
         _ = term.recv() => {},
+        cause = replica.wait_core_stopped() => {
+            // openraft stopped the core for good (a storage error: full disk, I/O error). A
+            // process that stays up would answer with a stale leader and never write again:
+            // exit non-zero so the service manager restarts it (ADR 0022).
+            tracing::error!(%cause, "the Raft core stopped: exiting so that the service manager restarts this replica");
+            let status = format!("raft core stopped: {cause}");
+            let _ = sd_notify::notify(&[
+                sd_notify::NotifyState::Status(&status),
+                sd_notify::NotifyState::Stopping,
+            ]);
+            replica.shutdown().await;
+            anyhow::bail!("replica {node}: the Raft core stopped: {cause}");
+        }
     }
     tracing::info!("shutting down");
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
@@ -473,4 +531,33 @@ pub async fn run(cfg: AuthorityConfig) -> anyhow::Result<()> {
 /// Leader-only view used by tests: the voters as `(raft id, node)`.
 pub fn members_of(cfg: &AuthorityConfig) -> BTreeMap<RaftId, String> {
     cfg.members.iter().map(|m| (m.id, m.node.clone())).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::error::Fatal;
+    use openraft::{AnyError, ServerState, StorageIOError};
+
+    use super::*;
+
+    /// QA finding A: after a storage error openraft's metrics still carry the last leader (and
+    /// term); `status` must not name it, and the cause must be reported.
+    #[test]
+    fn a_stopped_core_backs_no_leader_and_names_its_cause() {
+        let mut m = RaftMetrics::new_initial(3);
+        m.current_leader = Some(3);
+        m.state = ServerState::Leader;
+        assert_eq!(core_stopped(&m), None);
+        assert_eq!(live_leader(&m), Some(3));
+
+        let io = StorageIOError::write_logs(AnyError::error("raft.log: No space left on device"));
+        m.running_state = Err(Fatal::StorageError(io.into()));
+        m.state = ServerState::Shutdown;
+        let cause = core_stopped(&m).expect("stopped");
+        assert!(
+            cause.starts_with("storage error: ") && cause.contains("No space left on device"),
+            "{cause}"
+        );
+        assert_eq!(live_leader(&m), None, "the stale leader is not reported");
+    }
 }

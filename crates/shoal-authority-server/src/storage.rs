@@ -8,7 +8,7 @@
 //! | `vote.bin` | framed postcard(`Vote`) | atomically (temp + fsync + rename + dir fsync) before `save_vote` returns |
 //! | `purged.bin` | framed postcard(`LogId`) of the last purged entry | atomically, before entries are dropped |
 //! | `snapshot.bin` | framed postcard([`StoredSnapshot`]) | atomically, whenever a snapshot is built or installed |
-//! | `audit.log` | one JSON [`shoal_authority::AuditEntry`] per line | appended as entries are applied |
+//! | `audit.log` | one JSON [`shoal_authority::AuditEntry`] per line | appended as entries are applied ([`crate::audit_file`]: a failed append is kept in memory and written later, never silently dropped) |
 //!
 //! The state machine itself is not persisted on every apply: it is rebuilt at start from
 //! `snapshot.bin`, and openraft re-applies the committed log after it. Re-applying is exact
@@ -44,6 +44,7 @@ use shoal_authority::{ApplyContext, AuditEntry, AuthorityState};
 use shoal_proto::{Region, SignedLifecycle, SigningKey};
 use tokio::sync::mpsc;
 
+use crate::audit_file::AuditFile;
 use crate::files::{self, FileError};
 use crate::types::{
     ApplyOutcome, Entry, LogId, Member, RaftId, SnapshotMeta, StorageError, StoredMembership,
@@ -461,7 +462,9 @@ struct SmInner {
     last_membership: StoredMembership,
     snapshot: Option<StoredSnapshot>,
     signing_key: SigningKey,
-    audit_file: Option<File>,
+    audit: AuditFile,
+    /// The highest log index handed to `audit` (written, waiting in its backlog, or named by
+    /// a gap line): each index is audited once.
     audit_high_water: u64,
     applied_tx: Option<mpsc::Sender<Applied>>,
     applied_dropped: u64,
@@ -506,34 +509,61 @@ impl StateMachineStore {
                 what: format!("snapshot is for region {}, not {region}", state.region()),
             });
         }
-        let audit_path = dir.join(AUDIT_FILE);
-        let audit_high_water = last_audited_index(&audit_path);
-        let audit_file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600) // it names local callers (uid, pid, executable)
-            .open(&audit_path)
-            .map_err(|e| FileError::io(&audit_path, e))?;
+        let (audit, audit_high_water) = AuditFile::open(&dir.join(AUDIT_FILE))?;
         let checkpoint = state.lease_checkpoint();
         let (last_applied, last_membership) = match &snapshot {
             Some(s) => (s.meta.last_log_id, s.meta.last_membership.clone()),
             None => (None, StoredMembership::default()),
         };
+        let mut inner = SmInner {
+            dir: dir.to_path_buf(),
+            state,
+            last_applied,
+            last_membership,
+            snapshot,
+            signing_key,
+            audit,
+            audit_high_water,
+            applied_tx,
+            applied_dropped: 0,
+            checkpoint_applied: (checkpoint, std::time::Instant::now(), 0),
+        };
+        // The snapshot may cover entries this replica never wrote to audit.log (appends that
+        // failed, then a snapshot and a restart): openraft re-applies only the log above the
+        // snapshot, so they come from the snapshot's audit ring (or an `audit_gap` line).
+        // An empty audit.log (new, or moved away by an operator) starts at the snapshot.
+        if let Some(upto) = last_applied.map(|l| l.index) {
+            if !inner.audit.is_empty() {
+                inner.audit_snapshot_entries(upto);
+            }
+        }
         Ok(Self {
-            inner: Arc::new(Mutex::new(SmInner {
-                dir: dir.to_path_buf(),
-                state,
-                last_applied,
-                last_membership,
-                snapshot,
-                signing_key,
-                audit_file: Some(audit_file),
-                audit_high_water,
-                applied_tx,
-                applied_dropped: 0,
-                checkpoint_applied: (checkpoint, std::time::Instant::now(), 0),
-            })),
+            inner: Arc::new(Mutex::new(inner)),
         })
+    }
+
+    /// Appends one RPC-layer line (`rpc_rejected`, `membership_change`) to `audit.log`, behind
+    /// any applied entries still waiting to be written.
+    pub fn audit_line(&self, line: &serde_json::Value) {
+        let mut g = self.inner.lock().expect("sm lock");
+        g.audit.append(format!("{line}\n"), None);
+    }
+
+    /// Retries writing the audit lines kept in memory after failed appends (the replica calls
+    /// this periodically, so a backlog is written even when no new entry is applied).
+    pub fn retry_audit(&self) {
+        self.inner.lock().expect("sm lock").audit.retry();
+    }
+
+    /// Audit lines waiting in memory (appends to `audit.log` failed).
+    pub fn audit_backlog_lines(&self) -> usize {
+        self.inner.lock().expect("sm lock").audit.backlog_lines()
+    }
+
+    /// Points the audit writer at another file (tests: `/dev/full` for a full disk).
+    #[cfg(test)]
+    fn redirect_audit(&self, file: File) {
+        self.inner.lock().expect("sm lock").audit.redirect(file);
     }
 
     /// Runs `f` on the current state (read-only).
@@ -591,27 +621,6 @@ impl StateMachineStore {
     }
 }
 
-/// The log index of the last line of an audit log, so a replay after restart does not write
-/// the same entries twice. 0 when the file is missing or unreadable.
-fn last_audited_index(path: &Path) -> u64 {
-    let Ok(text) = fs::read_to_string(path) else {
-        return 0;
-    };
-    text.lines()
-        .rev()
-        .filter(|l| !l.trim().is_empty())
-        .find_map(|l| {
-            serde_json::from_str::<AuditEntry>(l)
-                .map(|e| e.log_index)
-                .ok()
-                .or_else(|| {
-                    let v: serde_json::Value = serde_json::from_str(l).ok()?;
-                    v["membership"]["log_index"].as_u64()
-                })
-        })
-        .unwrap_or(0)
-}
-
 impl SmInner {
     fn apply_entry(&mut self, entry: Entry) -> ApplyOutcome {
         self.last_applied = Some(entry.log_id);
@@ -656,11 +665,8 @@ impl SmInner {
                 "joint": m.get_joint_config().len() > 1,
             }
         });
-        if let Some(f) = self.audit_file.as_mut() {
-            if let Err(e) = writeln!(f, "{line}") {
-                tracing::error!(error = %e, "audit.log append failed");
-            }
-        }
+        self.audit
+            .append(format!("{line}\n"), Some((log_index, log_index)));
     }
 
     fn note_checkpoint(&mut self, proposed_wall_ms: u64) {
@@ -676,18 +682,13 @@ impl SmInner {
         }
         self.audit_high_water = log_index;
         let new = (self.state.audit().total() - total_before) as usize;
-        let Some(file) = self.audit_file.as_mut() else {
-            return;
-        };
         let entries: Vec<&AuditEntry> = self.state.audit().entries().rev().take(new).collect();
         let mut buf = String::new();
         for e in entries.into_iter().rev() {
             buf.push_str(&serde_json::to_string(e).expect("audit entries serialise"));
             buf.push('\n');
         }
-        if let Err(e) = file.write_all(buf.as_bytes()) {
-            tracing::error!(error = %e, "audit.log append failed");
-        }
+        self.audit.append(buf, Some((log_index, log_index)));
     }
 
     /// After installing a snapshot up to `upto`: appends the audit entries of the installed
@@ -713,9 +714,11 @@ impl SmInner {
             if truncated && oldest > from + 1 {
                 let gap = serde_json::json!({
                     "audit_gap": {"after_index": from, "before_index": oldest,
-                                  "reason": "the installed snapshot's audit ring no longer holds them"}
+                                  "first_index": from + 1, "last_index": oldest - 1,
+                                  "reason": "the snapshot's audit ring no longer holds them"}
                 });
                 buf.push_str(&format!("{gap}\n"));
+                metrics::counter!("shoal_authority_audit_gaps_total").increment(1);
             }
         }
         for e in missing {
@@ -723,11 +726,7 @@ impl SmInner {
             buf.push('\n');
         }
         self.audit_high_water = upto;
-        if let Some(file) = self.audit_file.as_mut() {
-            if let Err(e) = file.write_all(buf.as_bytes()).and_then(|_| file.flush()) {
-                tracing::error!(error = %e, "audit.log append failed");
-            }
-        }
+        self.audit.append(buf, Some((from + 1, upto)));
     }
 
     fn publish(&mut self, log_index: u64, records: &[SignedLifecycle]) {
@@ -796,9 +795,6 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     {
         let mut g = self.inner.lock().expect("sm lock");
         let out = entries.into_iter().map(|e| g.apply_entry(e)).collect();
-        if let Some(f) = g.audit_file.as_mut() {
-            let _ = f.flush();
-        }
         Ok(out)
     }
 
@@ -897,6 +893,86 @@ mod tests {
         snap.write(&dir.join(SNAPSHOT_FILE)).unwrap();
         assert_eq!(mode(&dir.join(SNAPSHOT_FILE)), 0o600, "{SNAPSHOT_FILE}");
         drop(lock);
+    }
+
+    fn takeover(index: u64) -> Entry {
+        Entry {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(crate::types::Proposal {
+                cmd: shoal_authority::AuthorityCommand::LeaderTakeover {
+                    now_ms: index,
+                    credit: None,
+                },
+                proposed_at_ms: 1_000 + index,
+                on_behalf_of: None,
+            }),
+        }
+    }
+
+    fn audited(dir: &Path) -> Vec<u64> {
+        fs::read_to_string(dir.join(AUDIT_FILE))
+            .unwrap()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<AuditEntry>(l).ok())
+            .map(|e| e.log_index)
+            .collect()
+    }
+
+    fn dev_full() -> File {
+        OpenOptions::new().write(true).open("/dev/full").unwrap()
+    }
+
+    /// QA finding B: entries applied while `audit.log` cannot be appended to (`/dev/full`
+    /// answers ENOSPC like a full disk) are kept and written once appending works again; if
+    /// the replica stops first (after a snapshot covering them), the restart re-derives them
+    /// from the snapshot's audit ring and the log above it. Every index once, in order.
+    #[tokio::test]
+    async fn audit_entries_that_fail_to_append_are_written_later_or_after_a_restart() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let region: Region = "test-1".parse().unwrap();
+        let key = SigningKey::from_seed([3; 32]);
+        let open = || StateMachineStore::open(dir, region.clone(), key.clone(), None).unwrap();
+        let append_to_audit_log = || {
+            OpenOptions::new()
+                .append(true)
+                .open(dir.join(AUDIT_FILE))
+                .unwrap()
+        };
+        let mut sm = open();
+        sm.apply([takeover(1)]).await.unwrap();
+        sm.redirect_audit(dev_full());
+        sm.apply((2..=4).map(takeover)).await.unwrap();
+        assert_eq!(audited(dir), [1]);
+        assert_eq!(sm.audit_backlog_lines(), 3);
+        sm.redirect_audit(append_to_audit_log());
+        sm.retry_audit();
+        assert_eq!(audited(dir), [1, 2, 3, 4]);
+
+        // The disk fills again; a snapshot covers the unwritten entries; the process stops.
+        sm.redirect_audit(dev_full());
+        sm.apply((5..=7).map(takeover)).await.unwrap();
+        sm.get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        sm.apply([takeover(8)]).await.unwrap();
+        drop(sm);
+        let mut sm = open();
+        assert_eq!(
+            audited(dir),
+            [1, 2, 3, 4, 5, 6, 7],
+            "from the snapshot's ring"
+        );
+        // openraft re-applies the log above the snapshot, then new entries come.
+        sm.apply([takeover(8), takeover(9)]).await.unwrap();
+        assert_eq!(audited(dir), [1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        // A replay of what is already audited writes nothing twice.
+        drop(sm);
+        let mut sm = open();
+        sm.apply((8..=9).map(takeover)).await.unwrap();
+        assert_eq!(audited(dir), [1, 2, 3, 4, 5, 6, 7, 8, 9]);
     }
 
     /// `snapshot save --data-dir <typo>` must not create the directory (nor a lock file in it).

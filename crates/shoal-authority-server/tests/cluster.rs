@@ -152,6 +152,72 @@ impl Cluster {
         n.child = Some(child);
     }
 
+    /// As [`Cluster::start`], but SIGXFSZ is ignored (a disposition kept across `exec`) and
+    /// stderr reaches `stderr.log` through a pipe: a file-size limit set later with
+    /// [`Cluster::limit_file_size`] then makes each write past it fail with `EFBIG`, the way a
+    /// full disk fails it with `ENOSPC` (the same `io::Error` path in the replica; no mount, no
+    /// root), instead of killing the process, while the replica's own log stays writable.
+    fn start_limitable(&mut self, i: usize) {
+        let n = &mut self.nodes[i];
+        let mut log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(n.dir.join("stderr.log"))
+            .unwrap();
+        let mut child = Command::new("sh")
+            .args([
+                "-c",
+                "trap '' XFSZ; exec \"$0\" \"$@\"",
+                BIN,
+                "run",
+                "--config",
+            ])
+            .arg(&n.config)
+            .env("RUST_LOG", "info,openraft=warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut err = child.stderr.take().unwrap();
+        std::thread::spawn(move || std::io::copy(&mut err, &mut log));
+        n.child = Some(child);
+    }
+
+    /// Sets the soft `RLIMIT_FSIZE` of running replica `i` (`None`: unlimited again), with
+    /// util-linux `prlimit`; the hard limit stays unlimited, so no privilege is needed.
+    fn limit_file_size(&self, i: usize, bytes: Option<u64>) {
+        let pid = self.nodes[i].child.as_ref().unwrap().id();
+        let soft = bytes.map_or("unlimited".to_owned(), |b| b.to_string());
+        let out = Command::new("prlimit")
+            .arg(format!("--pid={pid}"))
+            .arg(format!("--fsize={soft}:unlimited"))
+            .output()
+            .expect("prlimit (util-linux) runs");
+        assert!(
+            out.status.success(),
+            "prlimit: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Waits (bounded) for replica `i`'s process to exit by itself; its exit status.
+    async fn wait_exit(&mut self, i: usize, within: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            let child = self.nodes[i].child.as_mut().expect("running");
+            if let Some(status) = child.try_wait().unwrap() {
+                self.nodes[i].child = None;
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "auth-{} still runs after {within:?}",
+                i + 1
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     fn kill(&mut self, i: usize) {
         if let Some(mut c) = self.nodes[i].child.take() {
             let _ = c.kill();
@@ -671,4 +737,241 @@ async fn a_replica_reloads_its_certificate_on_sighup() {
     for c in [old, new, third] {
         c.shutdown().await;
     }
+}
+
+/// Registers `pay-<i>` and makes it READY; the generation and the READY record acknowledged.
+async fn register_ready(
+    c: &AuthorityClient,
+    addrs: &[SocketAddr],
+    i: u32,
+) -> (Generation, SignedLifecycle) {
+    let generation = committed(c.write(addrs, register(i), BUDGET).await)[0]
+        .record
+        .generation;
+    let ready = committed(
+        c.write(
+            addrs,
+            transition(i, generation, LifecycleState::Ready),
+            BUDGET,
+        )
+        .await,
+    );
+    (generation, ready[0].clone())
+}
+
+fn file_len(p: &Path) -> u64 {
+    std::fs::metadata(p).map_or(0, |m| m.len())
+}
+
+/// The `log_index` of every audit entry line of a replica's `audit.log`, and the revisions
+/// they name (other lines skipped).
+fn audited(cl: &Cluster, i: usize) -> (Vec<u64>, Vec<u64>) {
+    let text = std::fs::read_to_string(cl.nodes[i].dir.join("data/audit.log")).unwrap_or_default();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let idx = lines
+        .iter()
+        .filter_map(|v| v["log_index"].as_u64())
+        .collect();
+    let revs = lines
+        .iter()
+        .filter_map(|v| v["revision"].as_u64())
+        .collect();
+    (idx, revs)
+}
+
+fn assert_each_once(what: &str, idx: &[u64]) {
+    let mut sorted = idx.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(
+        sorted.len(),
+        idx.len(),
+        "{what}: an index audited twice: {idx:?}"
+    );
+    assert_eq!(sorted, idx, "{what}: audit.log out of log order: {idx:?}");
+}
+
+/// Polls until all of `idx` answer with one leader, one applied index and one revision.
+async fn wait_converged(cl: &Cluster, c: &AuthorityClient, idx: &[usize], within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let s = futures_join(c, cl, idx).await;
+        let views: Vec<Option<(Option<String>, u64, u64)>> = s
+            .iter()
+            .map(|x| {
+                x.as_ref().map(|s| {
+                    (
+                        s.leader.as_ref().map(|l| l.as_str().to_owned()),
+                        s.applied_index,
+                        s.revision.0,
+                    )
+                })
+            })
+            .collect();
+        if views[0].as_ref().is_some_and(|v| v.0.is_some()) && views.iter().all(|v| v == &views[0])
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no convergence: {views:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// QA finding A: a full disk stopped a replica's Raft core (openraft stops for good on a
+/// storage error) while the process stayed up, still reporting the leader it had been, and
+/// nothing restarted it. Now the replica exits non-zero with the cause as soon as its core
+/// stops, the others go on, and a restart (what systemd / Kubernetes do) recovers it with every
+/// acknowledged write. The leader is the one whose disk fills: the worst case.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_disk_fills_exits_and_a_restart_recovers_every_acknowledged_write() {
+    let mut cl = Cluster::new(3, 1000);
+    for i in 0..3 {
+        cl.start_limitable(i);
+    }
+    let c = cl.client("node-a");
+    let all = [0, 1, 2];
+    let full = wait_leader(&cl, &c, &all, Duration::from_secs(20)).await;
+    let addrs = cl.addrs();
+    let mut acked = Vec::new();
+    for i in 0..5 {
+        acked.push(register_ready(&c, &addrs, i).await);
+    }
+
+    // The leader's raft.log may grow by 100 more bytes: the next append is torn and fails.
+    let data = cl.nodes[full].dir.join("data");
+    cl.limit_file_size(full, Some(file_len(&data.join("raft.log")) + 100));
+    acked.push(register_ready(&c, &addrs, 5).await);
+    let exit = cl.wait_exit(full, Duration::from_secs(30)).await;
+    assert!(!exit.success(), "auth-{} exited {exit}", full + 1);
+    let log = log_of(&cl, full);
+    assert!(
+        log.contains("the Raft core stopped") && log.contains("File too large"),
+        "the replica's last words name the cause:\n{log}"
+    );
+    // The other two go on (the client skips the address that no longer answers).
+    let others: Vec<usize> = all.iter().copied().filter(|&i| i != full).collect();
+    let leader = wait_leader(&cl, &c, &others, Duration::from_secs(20)).await;
+    assert_ne!(leader, full);
+    let live: Vec<SocketAddr> = others.iter().map(|&i| cl.nodes[i].rpc).collect();
+    for i in 6..15 {
+        acked.push(register_ready(&c, &live, i).await);
+    }
+
+    // Restarted with room on its disk: it rejoins and holds everything acknowledged.
+    cl.start(full);
+    wait_converged(&cl, &c, &all, Duration::from_secs(30)).await;
+    for (i, (generation, ready)) in acked.iter().enumerate() {
+        let r = committed(
+            c.write(
+                &addrs,
+                transition(i as u32, *generation, LifecycleState::Ready),
+                BUDGET,
+            )
+            .await,
+        );
+        assert_eq!(&r[0], ready, "pay-{i}: the acknowledged READY record");
+    }
+    // Its audit.log too: the lines it could not write before it exited are re-derived from
+    // the log at the restart, each index once.
+    wait_converged(&cl, &c, &all, Duration::from_secs(30)).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (theirs, _) = audited(&cl, leader);
+        let (mine, revs) = audited(&cl, full);
+        if mine == theirs {
+            assert_each_once("restarted replica", &mine);
+            for (_, ready) in &acked {
+                assert!(
+                    revs.contains(&ready.record.revision.0),
+                    "{ready:?} not audited"
+                );
+            }
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "audit.log of auth-{}: {mine:?}\nauth-{}: {theirs:?}",
+            full + 1,
+            leader + 1
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    c.shutdown().await;
+}
+
+/// QA finding B: a leader whose audit.log could not be appended to (a full disk) went on
+/// acknowledging writes and dropped their audit lines, silently. Now it keeps them and writes
+/// them, in order, as soon as appending works again; one ERROR says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_cannot_append_to_its_audit_log_writes_the_lines_when_it_can() {
+    let mut cl = Cluster::new(3, 1000);
+    for i in 0..3 {
+        cl.start_limitable(i);
+    }
+    let c = cl.client("node-a");
+    let all = [0, 1, 2];
+    let leader = wait_leader(&cl, &c, &all, Duration::from_secs(20)).await;
+    let addrs = cl.addrs();
+    for i in 0..10 {
+        register_ready(&c, &addrs, i).await;
+    }
+    let data = cl.nodes[leader].dir.join("data");
+    let (audit, raft) = (data.join("audit.log"), data.join("raft.log"));
+    let (audit_len, raft_len) = (file_len(&audit), file_len(&raft));
+    // audit.log may not grow at all; raft.log (smaller: postcard, not JSON) keeps room.
+    assert!(
+        audit_len > raft_len + 4096,
+        "the test needs audit.log ({audit_len} B) well ahead of raft.log ({raft_len} B)"
+    );
+    cl.limit_file_size(leader, Some(audit_len));
+    let mut acked = Vec::new();
+    for i in 10..14 {
+        acked.push(register_ready(&c, &addrs, i).await);
+    }
+    assert_eq!(
+        wait_leader(&cl, &c, &all, Duration::from_secs(5)).await,
+        leader,
+        "the leader kept its role (its raft.log had room)"
+    );
+    assert!(
+        file_len(&raft) > raft_len,
+        "the writes went through the leader's log"
+    );
+    assert_eq!(
+        file_len(&audit),
+        audit_len,
+        "appends to audit.log failed meanwhile"
+    );
+
+    cl.limit_file_size(leader, None);
+    let follower = (leader + 1) % 3;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (theirs, _) = audited(&cl, follower);
+        let (mine, revs) = audited(&cl, leader);
+        if mine == theirs
+            && acked
+                .iter()
+                .all(|(_, r)| revs.contains(&r.record.revision.0))
+        {
+            assert_each_once("leader", &mine);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "leader audit.log: {mine:?}\nfollower: {theirs:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = log_of(&cl, leader);
+    assert_eq!(
+        log.matches("audit.log append failed").count(),
+        1,
+        "one ERROR for the outage:\n{log}"
+    );
+    assert!(log.contains("audit.log appends work again"), "{log}");
+    c.shutdown().await;
 }

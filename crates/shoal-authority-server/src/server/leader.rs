@@ -97,6 +97,8 @@ impl Replica {
                 () = async { match &member { Some(m) => m.changed().await, None => std::future::pending().await } } => {},
             }
             let m = metrics.borrow().clone();
+            // Audit lines kept in memory after failed appends: written as soon as it works.
+            self.sm.retry_audit();
             gauge!("shoal_authority_term").set(m.current_term as f64);
             gauge!("shoal_authority_applied_index")
                 .set(m.last_applied.map_or(0, |l| l.index) as f64);

@@ -32,7 +32,7 @@ pub fn caller_of(peer: &NodeIdentity, operators: &BTreeSet<String>) -> Caller {
 impl Replica {
     pub(super) fn leader_rpc_addr(&self) -> Option<String> {
         let m = self.raft.metrics().borrow().clone();
-        let leader = m.current_leader?;
+        let leader = super::live_leader(&m)?;
         m.membership_config
             .membership()
             .get_node(&leader)
@@ -168,7 +168,19 @@ impl Replica {
         q: Query,
     ) -> Result<AuthorityOk, AuthorityError> {
         Ok(match q {
-            Query::Status => AuthorityOk::Status(self.status()),
+            Query::Status => match self.core_stopped() {
+                // The probe (`shoal authority status`) fails, with the cause, until `run` exits.
+                Some(cause) => {
+                    return Err(AuthorityError::Refused {
+                        code: "replica_stopped".into(),
+                        reason: format!(
+                            "replica {}: the Raft core stopped: {cause}",
+                            self.cfg.me().node
+                        ),
+                    })
+                }
+                None => AuthorityOk::Status(self.status()),
+            },
             Query::Members(op) => return self.members(peer, caller, op).await,
             Query::GetGlobalPolicy => {
                 AuthorityOk::GlobalPolicy(self.sm.with_state(|s| s.global_policy().cloned()))
@@ -266,13 +278,8 @@ impl Replica {
     }
 
     /// Appends one JSON line to this replica's `audit.log` (RPC-layer events; applied
-    /// commands are audited by the state machine).
+    /// commands are audited by the state machine, through the same writer).
     pub(super) fn audit_line(&self, line: &serde_json::Value) {
-        if let Some(f) = self.audit.lock().expect("audit lock").as_mut() {
-            use std::io::Write;
-            if let Err(e) = writeln!(f, "{line}") {
-                tracing::error!(error = %e, "audit.log append failed");
-            }
-        }
+        self.sm.audit_line(line);
     }
 }
