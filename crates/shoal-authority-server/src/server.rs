@@ -17,7 +17,7 @@
 //! openraft stops a replica's Raft core for good on a storage error (a full disk, an I/O error:
 //! `Fatal::StorageError`), and its metrics keep the last leader and term the core knew. Such a
 //! replica must not pose as healthy: [`run`] exits non-zero as soon as the core stops (ADR
-//! 0022), so systemd or Kubernetes restarts it; a restart reopens the log (a torn tail is
+//! 0023), so systemd or Kubernetes restarts it; a restart reopens the log (a torn tail is
 //! cut), and the replica rejoins once its disk takes writes again. Until it has exited,
 //! `Status` is refused with code `replica_stopped` and the cause, and writes answer
 //! `NotLeader { leader: None }` (the caller tries another replica).
@@ -511,7 +511,7 @@ pub async fn run(cfg: AuthorityConfig) -> anyhow::Result<()> {
         cause = replica.wait_core_stopped() => {
             // openraft stopped the core for good (a storage error: full disk, I/O error). A
             // process that stays up would answer with a stale leader and never write again:
-            // exit non-zero so the service manager restarts it (ADR 0022).
+            // exit non-zero so the service manager restarts it (ADR 0023).
             tracing::error!(%cause, "the Raft core stopped: exiting so that the service manager restarts this replica");
             let status = format!("raft core stopped: {cause}");
             let _ = sd_notify::notify(&[
