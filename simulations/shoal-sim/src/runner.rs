@@ -124,6 +124,12 @@ pub struct Speed {
     pub events_per_s: f64,
     /// Virtual seconds per wall second.
     pub virtual_s_per_wall_s: f64,
+    /// Threads handling nodes' events ([`RunConfig::threads`]).
+    pub threads: usize,
+    /// Windows handled in parallel, and the events in them ([`World::parallel_windows`]).
+    pub parallel_windows: u64,
+    /// Events handled in parallel windows; the rest ran one at a time.
+    pub parallel_events: u64,
 }
 
 /// Everything a run produced.
@@ -510,6 +516,9 @@ pub fn run<H: Harness>(
         wall_s: round3(wall_s),
         events_per_s: round3(events as f64 / wall_s.max(1e-9)),
         virtual_s_per_wall_s: round3(scenario.duration_ms as f64 / 1000.0 / wall_s.max(1e-9)),
+        threads: cfg.threads,
+        parallel_windows: world.parallel_windows(),
+        parallel_events: world.parallel_events(),
     };
     Ok(Outcome {
         report,

@@ -707,6 +707,11 @@ impl<N: SimNode> World<N> {
         self.windows.parallel
     }
 
+    /// Events handled in parallel windows so far (see [`World::parallel_windows`]).
+    pub fn parallel_events(&self) -> u64 {
+        self.windows.parallel_events
+    }
+
     /// Engine statistics.
     pub fn stats(&self) -> &EngineStats {
         &self.core.stats

@@ -186,6 +186,8 @@ pub(super) struct Windows {
     pub(super) min_events: usize,
     /// Windows handled in parallel so far (not part of any report: it depends on threads).
     pub(super) parallel: u64,
+    /// Events popped for windows handled in parallel so far.
+    pub(super) parallel_events: u64,
 }
 
 impl Windows {
@@ -201,6 +203,7 @@ impl Windows {
             pool: None,
             min_events: MIN_WINDOW_EVENTS,
             parallel: 0,
+            parallel_events: 0,
         }
     }
 }
@@ -269,6 +272,7 @@ fn window<N: SimNode>(world: &mut World<N>, window_end_us: u64) {
     }
 
     world.windows.parallel += 1;
+    world.windows.parallel_events += popped.len() as u64;
 
     // 1. Group by node.
     let mut runs: Vec<NodeRun<N>> = Vec::new();
