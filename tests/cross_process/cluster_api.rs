@@ -126,3 +126,221 @@ fn blocking_query_wakes_on_change_and_bad_input_is_refused() {
     let (code, _) = a.get("/v1/openapi.json").unwrap();
     assert_eq!(code, 200);
 }
+
+/// Fresh-eyes QA of 2026-12-04 on the local API, on two agents:
+/// * failure reports cannot take a whole service out of rotation: at most
+///   `[api] max_ejection_percent` (50) of its routable endpoints (at least one) are ejected at
+///   once, the rest are answered 409 `ejection_cap`, counted and logged with the caller;
+/// * endpoint addresses nobody can call (unspecified, port 0, multicast, broadcast,
+///   link-local) are refused at registration with 400 `bad_address`;
+/// * a lease the authority would refuse is a 400 `bad_lease`, not the authority's 409;
+/// * a method a path does not take gets 405 with a JSON body and an `Allow` header;
+/// * the lifecycle route's 403 (instance on another node) and 404 carry `error` and `reason`.
+#[test]
+fn ejection_cap_address_checks_and_error_shapes() {
+    const METRICS: &str = "127.0.48.1:29548";
+    let mut c = Cluster::new(48, 2);
+    let text = std::fs::read_to_string(&c.agents[0].config)
+        .unwrap()
+        .replace(
+            "cluster_size = 8\n",
+            &format!("cluster_size = 8\nmetrics = \"{METRICS}\"\n"),
+        );
+    std::fs::write(&c.agents[0].config, text).unwrap();
+    c.start_all();
+    c.wait_converged(2, Duration::from_secs(30));
+    let a = &c.agents[0];
+    let b = &c.agents[1];
+    for i in 1..=4 {
+        register_ready(a, &format!("web-{i}"), &format!("10.48.0.{i}:8080"));
+    }
+
+    // Ejection cap: 4 routable endpoints, 50 %: two may be ejected, the third report is
+    // refused and ejects nothing; a report renewing an ejection in force is not refused.
+    let report = |instance: &str| {
+        a.post(
+            &format!("{SVC}/report"),
+            &format!("{{\"instance\":\"{instance}\",\"outcome\":\"timeout\",\"eject_ms\":600000}}"),
+        )
+        .unwrap()
+    };
+    for instance in ["web-1", "web-2"] {
+        let (code, v) = report(instance);
+        assert_eq!(code, 200, "{instance}: {v}");
+        assert_eq!(v["ejected_for_ms"], 600_000, "{v}");
+    }
+    for instance in ["web-3", "web-4"] {
+        let (code, v) = report(instance);
+        assert_eq!(code, 409, "{instance}: {v}");
+        assert_eq!(v["reason"], "ejection_cap", "{v}");
+        assert!(
+            v["error"].as_str().unwrap().starts_with("not applied"),
+            "{v}"
+        );
+        assert_eq!(
+            (
+                v["ejected"].as_u64(),
+                v["routable"].as_u64(),
+                v["limit"].as_u64()
+            ),
+            (Some(2), Some(4), Some(2)),
+            "{v}"
+        );
+    }
+    let (code, v) = report("web-1");
+    assert_eq!(code, 200, "renewal: {v}");
+    let (_, v) = a.get(&format!("{SVC}/endpoints")).unwrap();
+    let mut routable: Vec<&str> = v["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["routable"] == true)
+        .map(|e| e["instance"].as_str().unwrap())
+        .collect();
+    routable.sort_unstable();
+    assert_eq!(routable, ["web-3", "web-4"], "{v}");
+    for _ in 0..8 {
+        let (code, v) = a.get(&format!("{SVC}/pick")).unwrap();
+        assert_eq!(code, 200, "{v}");
+    }
+    let m = metrics_text(METRICS);
+    let ejections =
+        |outcome| metric_sum(&m, "shoal_local_ejections_total", &[("outcome", outcome)]);
+    assert_eq!(
+        (
+            ejections("ejected"),
+            ejections("capped"),
+            ejections("renewed")
+        ),
+        (2.0, 2.0, 1.0),
+        "{m}"
+    );
+    let uid = euid();
+    let log = strip_ansi(&a.log());
+    let lines = |what: &str, instance: &str| {
+        log.lines()
+            .filter(|l| l.contains(what) && l.contains(&format!("instance={instance}")))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    for instance in ["web-1", "web-2"] {
+        let applied = lines("endpoint ejected locally", instance);
+        assert_eq!(
+            applied.len(),
+            1,
+            "logged once (not again at renewal): {log}"
+        );
+        assert!(
+            applied[0].contains(&format!("uid={uid}")),
+            "names the caller: {applied:?}"
+        );
+        assert!(
+            applied[0].contains("service=prod/web/http") && applied[0].contains("eject_ms=600000"),
+            "{applied:?}"
+        );
+    }
+    assert_eq!(
+        lines("failure report not applied", "web-3").len(),
+        1,
+        "{log}"
+    );
+
+    // Addresses nobody can call are refused at registration.
+    for addr in [
+        "0.0.0.0:0",
+        "0.0.0.0:8080",
+        "10.48.1.1:0",
+        "255.255.255.255:53",
+        "[ff02::1]:53",
+        "224.0.0.251:5353",
+        "169.254.10.1:80",
+        "[fe80::1]:80",
+        "[::]:80",
+    ] {
+        let (code, v) = a
+            .post(
+                &format!("{SVC}/register"),
+                &format!("{{\"instance\":\"bad-addr\",\"address\":\"{addr}\"}}"),
+            )
+            .unwrap();
+        assert_eq!(
+            (code, v["reason"].as_str()),
+            (400, Some("bad_address")),
+            "{addr}: {v}"
+        );
+        assert!(v["error"].as_str().unwrap().contains("refused"), "{v}");
+    }
+    // Loopback stays allowed (local clusters run on 127.0.x.y).
+    register_ready(a, "web-local", "127.0.48.9:8080");
+
+    // A lease the authority would refuse: 400, not 409.
+    for lease in [0, 999, 86_400_001u64] {
+        let (code, v) = a
+            .post(
+                &format!("{SVC}/register"),
+                &format!("{{\"instance\":\"web-9\",\"address\":\"10.48.0.9:8080\",\"lease_ms\":{lease}}}"),
+            )
+            .unwrap();
+        assert_eq!(
+            (code, v["reason"].as_str()),
+            (400, Some("bad_lease")),
+            "lease {lease}: {v}"
+        );
+    }
+
+    // 405 with a JSON body and the Allow header.
+    let raw = |method: &str, path: &str| -> String {
+        use std::io::{Read, Write};
+        let mut s = std::os::unix::net::UnixStream::connect(&a.socket).unwrap();
+        write!(s, "{method} {path} HTTP/1.1\r\nHost: agent\r\nConnection: close\r\nContent-Length: 0\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    let resp = raw("DELETE", &format!("{SVC}/endpoints"));
+    let (head, body) = resp.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 405"), "{resp}");
+    let head = head.to_ascii_lowercase();
+    assert!(head.contains("\r\nallow: get,head"), "{resp}");
+    assert!(head.contains("content-type: application/json"), "{resp}");
+    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(v["reason"], "method_not_allowed", "{v}");
+    assert_eq!(v["allow"], serde_json::json!(["GET", "HEAD"]), "{v}");
+    let (code, v) = http(&a.socket, "GET", &format!("{SVC}/report"), None).unwrap();
+    assert_eq!(
+        (code, v["allow"].clone()),
+        (405, serde_json::json!(["POST"])),
+        "{v}"
+    );
+
+    // The lifecycle route's 404 and 403 have the documented shape.
+    let (code, v) = a
+        .post(&format!("{SVC}/instances/nosuch/drain"), "")
+        .unwrap();
+    assert_eq!(
+        (code, v["reason"].as_str()),
+        (404, Some("unknown_instance")),
+        "{v}"
+    );
+    assert!(
+        v["error"].as_str().unwrap().starts_with("unknown instance"),
+        "{v}"
+    );
+    let (code, v) = eventually(Duration::from_secs(10), "web-1 seen on node-b", || {
+        let r = b.post(&format!("{SVC}/instances/web-1/drain"), "")?;
+        (r.0 != 404).then_some(r)
+    });
+    assert_eq!(
+        (code, v["reason"].as_str()),
+        (403, Some("not_local")),
+        "{v}"
+    );
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("instance is not on this node"),
+        "{v}"
+    );
+    assert_eq!(v["owner"], "node-a", "{v}");
+}

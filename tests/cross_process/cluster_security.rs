@@ -64,4 +64,38 @@ fn agent_with_foreign_ca_cannot_join() {
     let (_, v) = x.get("/v1/agent/self").unwrap();
     assert_eq!(v["members"], 0, "{v}");
     assert_eq!(v["active"], false, "{v}");
+
+    // The joining side says why (QA, 2026-12-04: it logged nothing for 70 s, only the seed
+    // did): a warning naming the peer and the TLS error, at most once a minute per peer.
+    let refusals = || {
+        strip_ansi(&x.log())
+            .lines()
+            .filter(|l| l.contains("cannot connect to peer") && l.contains(&a.addr()))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let line = eventually(
+        Duration::from_secs(15),
+        "x logs its failed handshake",
+        || refusals().into_iter().next(),
+    );
+    assert!(
+        line.contains("WARN") && line.contains("handshake"),
+        "{line}"
+    );
+    // A write through x names the handshake failure, not a bare timeout.
+    let (code, v) = x
+        .post(
+            &format!("{SVC}/register"),
+            "{\"instance\":\"x-1\",\"address\":\"10.33.0.1:80\"}",
+        )
+        .unwrap();
+    assert_eq!(code, 503, "{v}");
+    let detail = v["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("connecting failed") && detail.contains("handshake"),
+        "{v}"
+    );
+    // x kept dialling the seed all along (every 0.5 s at least), and logged it once.
+    assert_eq!(refusals().len(), 1, "{}", x.log());
 }

@@ -195,6 +195,7 @@ pub async fn run_until(
         apply_times: Mutex::new(Default::default()),
         status: Mutex::new(status),
         driver: driver_tx,
+        transport_view: quic.clone(),
         cfg,
     });
     tracing::info!(node = %identity.node, addr = %identity.addr, boot = boot.0,
@@ -272,9 +273,25 @@ pub async fn run_until(
                 async move { crate::metrics::render(&quic, &shared) }
             }),
         );
-        tasks.push(tokio::spawn(async move {
-            let _ = axum::serve(l, app).await;
-        }));
+        // Capped and timed out like the other TCP ports (its cap is in `tcp_port_fds`): QA
+        // filled an uncapped metrics port with half-sent requests until the agent hit EMFILE.
+        let l = shoal_transport::capped_accept::CappedListener::new(
+            l,
+            shared.cfg.raw.metrics_max_connections,
+            shoal_transport::capped_accept::PortNames {
+                port: "metrics",
+                setting: "metrics_max_connections",
+                refused_metric: "shoal_metrics_connections_refused_total",
+                accept_errors_metric: "shoal_metrics_accept_errors_total",
+            },
+        );
+        let header_timeout = Duration::from_millis(shared.cfg.raw.api.header_read_timeout_ms);
+        tasks.push(tokio::spawn(crate::tcp_http::serve(
+            l,
+            app,
+            header_timeout,
+            "shoal_metrics_connections_closed_total",
+        )));
     }
     tasks.extend(crate::xds::spawn(shared.clone()).await?);
     tracing::info!(socket = %socket.display(), "local API listening");
@@ -299,12 +316,9 @@ pub async fn run_until(
     Ok(())
 }
 
-/// Tells systemd (`Type=notify`, `$NOTIFY_SOCKET`) about a state change: `READY=1` once the
-/// local API listens, `STOPPING=1` at shutdown. Without `$NOTIFY_SOCKET` it does nothing; a
-/// failed send is logged and changes nothing else (the agent serves either way).
-/// Descriptors the agent's TCP ports may hold at their caps (xDS, the Consul port, DNS): taken out
-/// of the local API's budget with `fd_reserve`, so a caller filling those ports cannot starve
-/// the unix socket, persistence or the mesh of descriptors.
+/// Descriptors the agent's TCP ports may hold at their caps (xDS, the Consul port, DNS,
+/// `/metrics`): taken out of the local API's budget with `fd_reserve`, so a caller filling
+/// those ports cannot starve the unix socket, persistence or the mesh of descriptors.
 fn tcp_port_fds(raw: &crate::config::AgentConfig) -> usize {
     let xds = if raw.xds.enabled {
         raw.xds.max_connections
@@ -313,9 +327,15 @@ fn tcp_port_fds(raw: &crate::config::AgentConfig) -> usize {
     };
     let consul = raw.consul.listen.map_or(0, |_| raw.consul.max_connections);
     let dns = raw.dns.listen.map_or(0, |_| raw.dns.max_tcp_connections);
-    xds.saturating_add(consul).saturating_add(dns)
+    let metrics = raw.metrics.map_or(0, |_| raw.metrics_max_connections);
+    xds.saturating_add(consul)
+        .saturating_add(dns)
+        .saturating_add(metrics)
 }
 
+/// Tells systemd (`Type=notify`, `$NOTIFY_SOCKET`) about a state change: `READY=1` once the
+/// local API listens, `STOPPING=1` at shutdown. Without `$NOTIFY_SOCKET` it does nothing; a
+/// failed send is logged and changes nothing else (the agent serves either way).
 fn notify_service_manager(states: &[sd_notify::NotifyState<'_>]) {
     if let Err(e) = sd_notify::notify(states) {
         tracing::warn!(error = %e, "sd_notify to $NOTIFY_SOCKET failed");
@@ -661,6 +681,28 @@ mod tests {
         let err = bind_socket(&path, 0o660, None).unwrap_err();
         assert!(err.to_string().contains("is not a socket"), "{err:#}");
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "important data");
+    }
+
+    #[test]
+    fn every_enabled_tcp_port_cap_is_kept_out_of_the_fd_budget() {
+        let text = |extra: &str| {
+            format!(
+                "node_id = \"n\"\nregion = \"r\"\nzone = \"z\"\ndata_dir = \"d\"\nlisten = \"127.0.0.1:1\"\n{extra}\n[tls]\nca = \"c\"\ncert = \"c\"\nkey = \"k\"\n"
+            )
+        };
+        let cfg =
+            |extra: &str| -> crate::config::AgentConfig { toml::from_str(&text(extra)).unwrap() };
+        assert_eq!(tcp_port_fds(&cfg("")), 0);
+        assert_eq!(
+            tcp_port_fds(&cfg("metrics = \"127.0.0.1:9464\"\n")),
+            crate::config::DEFAULT_METRICS_MAX_CONNECTIONS
+        );
+        assert_eq!(
+            tcp_port_fds(&cfg(
+                "metrics = \"127.0.0.1:9464\"\nmetrics_max_connections = 3\n[consul]\nlisten = \"127.0.0.1:8500\"\nmax_connections = 5\n"
+            )),
+            8
+        );
     }
 
     #[tokio::test]

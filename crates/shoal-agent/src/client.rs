@@ -168,6 +168,12 @@ async fn call_inner(
             Ok(Err(_)) => last_error = format!("{} unreachable", fmt_target(to)),
             Err(_) => last_error = format!("{} timed out", fmt_target(to)),
         }
+        // A dial the peer refused (another CA, an expired certificate) drops the request
+        // unanswered: name that instead of the timeout (QA: "authority ... timed out" was all
+        // an agent with a certificate of another CA said).
+        if let Some(why) = to.and_then(|a| shared.transport_view.dial_failure(a)) {
+            last_error = format!("{} unreachable: connecting failed: {why}", fmt_target(to));
+        }
         attempt += 1;
         counter!("shoal_reconnects_total", "what" => "authority").increment(1);
         // Full jitter: uniform in [0, min(cap, base * 2^attempt)].

@@ -8,6 +8,8 @@
 //! listen = "10.0.0.1:7946"          # QUIC (UDP) for the mesh and the authority RPC
 //! socket = "/run/shoal/agent.sock"  # local API (HTTP/1.1 over a unix socket, mode 0660)
 //! metrics = "127.0.0.1:9464"        # Prometheus text on a loopback TCP port
+//! metrics_max_connections = 64      # past it closed at accept (counted); heads within
+//!                                   # [api] header_read_timeout_ms, idle keep-alive too
 //! seeds = ["10.0.0.2:7946", "shoal-seed.internal:7946"]
 //!
 //! [tls]
@@ -22,13 +24,18 @@
 //! addresses = ["10.0.0.10:7946"]
 //!
 //! [api]                             # local API limits (defaults shown)
-//! header_read_timeout_ms = 10000    # request head must arrive within this (idle keep-alive too)
+//! header_read_timeout_ms = 10000    # request head must arrive within this (idle keep-alive
+//!                                   # too); the metrics port's as well
 //! body_read_timeout_ms = 10000      # request body must arrive within this (408 otherwise)
 //! max_body_bytes = 65536            # larger bodies: 413
 //! max_connections = 4096            # total; capped at RLIMIT_NOFILE - fd_reserve (503 over it)
 //! max_connections_per_uid = 512     # per peer uid (429 over it)
+//! eject_ms = 30000                  # local ejection after a failure report (max 600000)
+//! max_ejection_percent = 50         # of a service's routable endpoints ejected at once
+//!                                   # (one always may be); past it reports are 409
 //! fd_reserve = 256                  # descriptors kept for persistence, the mesh, probes, logs
-//!                                   # (the enabled TCP ports' max_connections are kept out too)
+//!                                   # (the enabled TCP ports' caps are kept out too: metrics,
+//!                                   # consul, dns, xds)
 //! socket_mode = 0o660               # the outer gate: who may open the socket at all
 //! socket_group = "shoal-clients"    # optional group of the socket (chown at start)
 //!
@@ -153,6 +160,11 @@ pub struct AgentConfig {
     /// Allow a non-loopback `metrics` address (unauthenticated; off by default).
     #[serde(default)]
     pub metrics_allow_non_loopback: bool,
+    /// Most open connections to the metrics port; past it closed at accept and counted
+    /// (`shoal_metrics_connections_refused_total`). Kept out of the local API's fd budget.
+    /// A request head must arrive within `[api] header_read_timeout_ms` (idle keep-alive too).
+    #[serde(default = "default_metrics_max_connections")]
+    pub metrics_max_connections: usize,
     /// Export per-service series on `/metrics` (`shoal_ready_endpoints{service}`,
     /// `shoal_no_backend_total{service}`). Unset: yes with `[access] reads = "open"`, no with
     /// `reads = "granted"`: the metrics port has no caller identity, so its labels would show
@@ -208,6 +220,13 @@ pub struct AgentConfig {
     /// Global policy keys and the failover feed (docs/adr/0013-global-policy-and-failover.md).
     #[serde(default)]
     pub failover: crate::failover::FailoverConfig,
+}
+
+/// Default `metrics_max_connections`: a Prometheus server or two, an operator's curl.
+pub const DEFAULT_METRICS_MAX_CONNECTIONS: usize = 64;
+
+fn default_metrics_max_connections() -> usize {
+    DEFAULT_METRICS_MAX_CONNECTIONS
 }
 
 fn default_socket() -> PathBuf {
@@ -321,10 +340,16 @@ pub struct ApiConfig {
     /// Upper bound of a blocking query's wait, ms.
     #[serde(default = "default_max_wait_ms")]
     pub max_wait_ms: u64,
-    /// Default local ejection after a failure report, ms.
+    /// Default local ejection after a failure report, ms (at most `api::MAX_EJECT_MS`).
     #[serde(default = "default_eject_ms")]
     pub eject_ms: u64,
-    /// A connection's request head must arrive within this, ms (idle keep-alive included).
+    /// Most of a service's routable endpoints that reports may eject at once, percent (one
+    /// endpoint may always be ejected); a report past it is answered 409 `ejection_cap` and
+    /// ejects nothing. Envoy's outlier detection has `max_ejection_percent` (10 by default).
+    #[serde(default = "default_max_ejection_percent")]
+    pub max_ejection_percent: u8,
+    /// A connection's request head must arrive within this, ms (idle keep-alive included);
+    /// on the local socket and on the metrics port.
     #[serde(default = "default_io_timeout_ms")]
     pub header_read_timeout_ms: u64,
     /// A request body must arrive within this, ms (408 otherwise).
@@ -379,6 +404,9 @@ fn default_max_wait_ms() -> u64 {
 fn default_eject_ms() -> u64 {
     30_000
 }
+fn default_max_ejection_percent() -> u8 {
+    50
+}
 
 impl Default for ApiConfig {
     fn default() -> Self {
@@ -386,6 +414,7 @@ impl Default for ApiConfig {
             staleness_budget_ms: default_staleness_ms(),
             max_wait_ms: default_max_wait_ms(),
             eject_ms: default_eject_ms(),
+            max_ejection_percent: default_max_ejection_percent(),
             header_read_timeout_ms: default_io_timeout_ms(),
             body_read_timeout_ms: default_io_timeout_ms(),
             max_body_bytes: default_max_body_bytes(),
@@ -660,6 +689,9 @@ pub fn validate(raw: AgentConfig) -> Result<Validated, ConfigError> {
             ));
         }
     }
+    if raw.metrics_max_connections == 0 {
+        return Err(invalid("metrics_max_connections", "must be >= 1"));
+    }
     crate::consul::validate_read_port(
         "consul.listen",
         raw.consul.listen,
@@ -695,6 +727,15 @@ pub fn validate(raw: AgentConfig) -> Result<Validated, ConfigError> {
             "api.max_connections",
             "connection caps must be >= 1",
         ));
+    }
+    if api.eject_ms == 0 || api.eject_ms > crate::api::MAX_EJECT_MS {
+        return Err(invalid(
+            "api.eject_ms",
+            format!("must be in 1..={}", crate::api::MAX_EJECT_MS),
+        ));
+    }
+    if !(1..=100).contains(&api.max_ejection_percent) {
+        return Err(invalid("api.max_ejection_percent", "must be in 1..=100"));
     }
     if api.socket_mode > 0o777 {
         return Err(invalid("api.socket_mode", "must be a file mode (<= 0o777)"));
@@ -756,6 +797,15 @@ pub fn validate(raw: AgentConfig) -> Result<Validated, ConfigError> {
         return Err(invalid("cluster_size", "must be >= 1"));
     }
     for inst in &raw.instances {
+        if let Some(why) = crate::api::endpoint_address_problem(inst.address) {
+            return Err(invalid(
+                "instances.address",
+                format!(
+                    "instance `{}`: address {} refused: {why}",
+                    inst.instance, inst.address
+                ),
+            ));
+        }
         inst.probes
             .validate()
             .map_err(|e| invalid("instances.probes", e))?;

@@ -463,9 +463,9 @@ async fn catalog_nodes(State(shared): State<Arc<Shared>>, RawQuery(raw): RawQuer
 
 /// Serves `router` on `listener` with at most `max_connections` open connections (the rest
 /// are closed at accept, counted in `shoal_consul_connections_refused_total` and logged once a
-/// minute: `shoal_transport::capped_accept`).
+/// minute: `shoal_transport::capped_accept`); a request head must arrive within 10 s, idle
+/// keep-alive connections are closed after 10 s (`crate::tcp_http`).
 pub async fn serve(listener: tokio::net::TcpListener, router: Router, max_connections: usize) {
-    use hyper_util::rt::{TokioIo, TokioTimer};
     let listener = shoal_transport::capped_accept::CappedListener::new(
         listener,
         max_connections,
@@ -476,27 +476,13 @@ pub async fn serve(listener: tokio::net::TcpListener, router: Router, max_connec
             accept_errors_metric: "shoal_consul_accept_errors_total",
         },
     );
-    loop {
-        let (stream, _, permit) = listener.accept().await;
-        let router = router.clone();
-        tokio::spawn(async move {
-            let svc =
-                hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                    let mut router = router.clone();
-                    async move {
-                        tower_service::Service::call(&mut router, req.map(axum::body::Body::new))
-                            .await
-                    }
-                });
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(std::time::Duration::from_secs(10))
-                .max_buf_size(64 * 1024);
-            let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
-            drop(permit);
-        });
-    }
+    crate::tcp_http::serve(
+        listener,
+        router,
+        std::time::Duration::from_secs(10),
+        "shoal_consul_connections_closed_total",
+    )
+    .await;
 }
 
 #[cfg(test)]

@@ -23,7 +23,10 @@
 //! the client's EDNS payload size, or 512 bytes without EDNS (RFC 1035); what does not fit is
 //! dropped and TC set, so the client retries over TCP, which carries everything.
 //! Answers per name are capped at [`MAX_ANSWERS`]. Counted in
-//! `shoal_dns_queries_total{rcode}`. The sockets, the TCP connection cap and the counting of
+//! `shoal_dns_queries_total{rcode}`, `rcode` the DNS mnemonic ([`rcode_label`]: `NOERROR`,
+//! `NXDOMAIN`, `REFUSED`, `FORMERR`, ...); a message that decodes but is not a query (a
+//! response, another opcode) is answered FORMERR and counted in
+//! `shoal_rejected_inputs_total{source="dns",reason="not_a_query"}`. The sockets, the TCP connection cap and the counting of
 //! packets that do not decode are in [`crate::dns_io`].
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -385,7 +388,14 @@ impl RequestHandler for DnsHandler {
                 i
             }
             _ => {
+                static NOT_A_QUERY_LOG: shoal_transport::log_every::LogEvery =
+                    shoal_transport::log_every::LogEvery::new();
                 crate::metrics::rejected("dns", "not_a_query");
+                if let Some(held) = NOT_A_QUERY_LOG.check() {
+                    tracing::warn!(src = %request.src(), op_code = ?request.op_code(),
+                        not_logged_since_last = held,
+                        "DNS message that is not a standard query answered FORMERR (logged once a minute)");
+                }
                 metrics::counter!("shoal_dns_queries_total", "rcode" => "FORMERR").increment(1);
                 let r = builder.error_msg(request.header(), ResponseCode::FormErr);
                 return send(&mut response_handle, r, request.header()).await;
@@ -404,7 +414,7 @@ impl RequestHandler for DnsHandler {
             }
         }
         let code = header.response_code();
-        metrics::counter!("shoal_dns_queries_total", "rcode" => code.to_str()).increment(1);
+        metrics::counter!("shoal_dns_queries_total", "rcode" => rcode_label(code)).increment(1);
         let r = builder.build(
             header,
             a.answers.iter(),
@@ -456,9 +466,56 @@ pub async fn serve(
     Ok(tokio::spawn(crate::dns_io::run(udp, tcp, handler, max_tcp)))
 }
 
+/// The `rcode` label of `shoal_dns_queries_total`: the DNS mnemonic (RFC 1035 / IANA:
+/// `NOERROR`, `FORMERR`, `SERVFAIL`, `NXDOMAIN`, `NOTIMP`, `REFUSED`, ...), one style for every
+/// code; hickory's `to_str` gives prose ("Non-Existent Domain") beside our own `FORMERR`.
+pub fn rcode_label(code: ResponseCode) -> &'static str {
+    match code {
+        ResponseCode::NoError => "NOERROR",
+        ResponseCode::FormErr => "FORMERR",
+        ResponseCode::ServFail => "SERVFAIL",
+        ResponseCode::NXDomain => "NXDOMAIN",
+        ResponseCode::NotImp => "NOTIMP",
+        ResponseCode::Refused => "REFUSED",
+        ResponseCode::YXDomain => "YXDOMAIN",
+        ResponseCode::YXRRSet => "YXRRSET",
+        ResponseCode::NXRRSet => "NXRRSET",
+        ResponseCode::NotAuth => "NOTAUTH",
+        ResponseCode::NotZone => "NOTZONE",
+        ResponseCode::BADVERS | ResponseCode::BADSIG => "BADVERS",
+        ResponseCode::BADKEY => "BADKEY",
+        ResponseCode::BADTIME => "BADTIME",
+        ResponseCode::BADMODE => "BADMODE",
+        ResponseCode::BADNAME => "BADNAME",
+        ResponseCode::BADALG => "BADALG",
+        ResponseCode::BADTRUNC => "BADTRUNC",
+        ResponseCode::BADCOOKIE => "BADCOOKIE",
+        ResponseCode::Unknown(_) => "UNKNOWN",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rcode_labels_are_dns_mnemonics() {
+        for (code, label) in [
+            (ResponseCode::NoError, "NOERROR"),
+            (ResponseCode::FormErr, "FORMERR"),
+            (ResponseCode::ServFail, "SERVFAIL"),
+            (ResponseCode::NXDomain, "NXDOMAIN"),
+            (ResponseCode::NotImp, "NOTIMP"),
+            (ResponseCode::Refused, "REFUSED"),
+        ] {
+            assert_eq!(rcode_label(code), label);
+        }
+        // Every label of one style: upper case, no spaces.
+        for n in 0..=24u16 {
+            let l = rcode_label(ResponseCode::from(0, n as u8));
+            assert!(l.chars().all(|c| c.is_ascii_uppercase()), "{n}: {l}");
+        }
+    }
 
     #[test]
     fn names() {

@@ -9,7 +9,7 @@
 //! generation), [`persist`] (snapshots), [`agent`] (boot and tasks), [`driver`] (the one task
 //! that owns the mesh), [`client`] (authority RPC), [`dev_authority`], [`listener`] (local socket connections),
 //! [`access`] (who may do what), [`api`], [`consul`] (a Consul-compatible read port), [`dns`]
-//! and [`dns_io`] (its sockets),
+//! and [`dns_io`] (its sockets), [`tcp_http`] (HTTP on the capped TCP ports: Consul, `/metrics`),
 //! [`health_endpoints`] (liveness, readiness), [`members_view`] (`/v1/agent/members` rows),
 //! [`probes`], [`metrics`], [`xds`] (opt-in xDS server).
 
@@ -36,6 +36,7 @@ pub mod metrics_describe;
 pub mod persist;
 pub mod probes;
 pub mod state;
+pub mod tcp_http;
 pub mod xds;
 
 pub use agent::{run, run_until};

@@ -33,7 +33,11 @@
 //! `shoal_api_connections_refused_total{why}` (`per_uid` 429, `total` 503, `no_peer_cred`),
 //! `shoal_api_connections_closed_total{why}` (`header_timeout`, `error`),
 //! `shoal_api_accept_errors_total`; blocking queries `shoal_api_index_overflow_total`; the
-//! Consul port `shoal_consul_connections_refused_total`, `shoal_consul_accept_errors_total`;
+//! Consul port `shoal_consul_connections_refused_total`, `shoal_consul_accept_errors_total`,
+//! `shoal_consul_connections_closed_total{why}`; the metrics port itself (capped at
+//! `metrics_max_connections`, heads within `[api] header_read_timeout_ms`)
+//! `shoal_metrics_connections_refused_total`, `shoal_metrics_accept_errors_total`,
+//! `shoal_metrics_connections_closed_total{why}`;
 //! `shoal_build_info{version}` and `process_*` (`crate::metrics_describe`, which also holds the
 //! HELP text of every metric); exec probes: `shoal_probe_exec_total{result}`
 //! (`spawn_error`, `timeout_killed`); the dev authority's `shoal_audit_write_failures_total`.

@@ -24,6 +24,7 @@ const COUNTERS: &[(&str, &str)] = &[
     ("shoal_authority_writes_total", "Registration and lifecycle writes sent to the region authority, by op and result."),
     ("shoal_catalog_merges_total", "Catalog merges of received records, by outcome (applied, stale, duplicate)."),
     ("shoal_consul_accept_errors_total", "Consul-compatible port accept() failures."),
+    ("shoal_consul_connections_closed_total", "Consul-compatible port connections closed by the agent, by why (header_timeout: no request head within 10 s, idle keep-alive included; error)."),
     ("shoal_consul_connections_refused_total", "Consul-compatible port connections closed at accept over [consul] max_connections."),
     ("shoal_dns_queries_total", "DNS queries answered, by response code (NOERROR includes NODATA; FORMERR includes packets that did not decode)."),
     ("shoal_dns_tcp_accept_errors_total", "DNS TCP accept() failures (e.g. EMFILE); the loop backs off 20 ms."),
@@ -36,10 +37,14 @@ const COUNTERS: &[(&str, &str)] = &[
     ("shoal_idle_timers_skipped_total", "Mesh timers with nothing to do (gossip, IHAVE, an acked probe's indirect stage, the reconnect tick) handled without waking the agent."),
     ("shoal_lifecycle_transitions_total", "Lifecycle records applied to this agent's catalog, by target state."),
     ("shoal_liveness_failures_total", "Liveness probe failures of local instances (restart signals)."),
-    ("shoal_local_ejections_total", "Local, temporary ejections after failure reports, by outcome."),
+    ("shoal_local_ejection_logs_suppressed_total", "Local ejections or capped failure reports not logged because the ejection log's table of (caller, endpoint) pairs was full."),
+    ("shoal_local_ejections_total", "Failure reports by outcome: ejected (a new local ejection), renewed (one in force extended), capped (not applied: [api] max_ejection_percent of the service's routable endpoints are ejected), table_full (not applied: the node-wide ejection table is full)."),
     ("shoal_mesh_bytes_total", "Mesh stream bytes by direction and message kind."),
     ("shoal_mesh_messages_total", "Mesh stream messages by direction and message kind."),
     ("shoal_mesh_overflow_total", "Mesh queue overflows by queue (outbox, transmit, event); the item is dropped."),
+    ("shoal_metrics_accept_errors_total", "Metrics port accept() failures (e.g. EMFILE); the loop backs off 20 ms."),
+    ("shoal_metrics_connections_closed_total", "Metrics port connections closed by the agent, by why (header_timeout: no request head within [api] header_read_timeout_ms, idle keep-alive included; error)."),
+    ("shoal_metrics_connections_refused_total", "Metrics port connections closed at accept over metrics_max_connections."),
     ("shoal_no_backend_total", "Pick requests answered \"no backend\" (503), by service (\"_unknown\" for a service neither in the catalog nor in the policy; one series \"_withheld\" for all when service keys are withheld, see metrics_service_labels)."),
     ("shoal_persist_total", "Snapshot persistence attempts by result."),
     ("shoal_probe_exec_total", "Exec probe incidents by result (spawn_error, timeout_killed)."),
@@ -177,6 +182,9 @@ const REQUIRED_ZERO: &[(&str, &[(&str, &str)])] = &[
     ),
     ("shoal_lifecycle_transitions_total", &[("to", "READY")]),
     ("shoal_lifecycle_transitions_total", &[("to", "DRAINING")]),
+    // Refusals a local caller can cause at will: a series from the first scrape, so an alert
+    // on their rate needs no "absent" clause.
+    ("shoal_metrics_connections_refused_total", &[]),
 ];
 
 /// Describes every metric and registers the required ones at zero. Call once after the

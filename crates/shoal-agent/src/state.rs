@@ -223,6 +223,9 @@ pub struct Shared {
     pub member_changes: Mutex<HashMap<shoal_proto::NodeId, u64>>,
     /// Global policy and remote summaries, beside the catalog (ADR 0013).
     pub failover: crate::failover::Failover,
+    /// Reads the transport from outside the driver: why the last dial to a peer failed
+    /// (`dial_failure`), named in an authority call's error instead of a bare timeout.
+    pub transport_view: shoal_transport::transport::QuicCountersHandle,
 }
 
 /// Bound of [`Shared::member_changes`] (a region is ~1,667 nodes; nodes that left stay listed).

@@ -31,6 +31,12 @@ impl ApiError {
     pub(crate) fn new(status: StatusCode, body: Value) -> Self {
         Self { status, body }
     }
+    /// Adds `field` to the JSON body.
+    pub(crate) fn insert(&mut self, field: &str, value: Value) {
+        if let Some(o) = self.body.as_object_mut() {
+            o.insert(field.to_owned(), value);
+        }
+    }
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
         self.status
@@ -81,16 +87,58 @@ impl From<CallError> for ApiError {
                 StatusCode::SERVICE_UNAVAILABLE,
                 json!({"error": "authority unavailable", "detail": m}),
             ),
+            // The authority judged the request itself malformed: bad input, 400 (QA: a
+            // `lease_ms` of 0 was a 409 "refused"). `code` and `detail` are kept for callers
+            // that read them; `reason` is the documented field.
+            CallError::Refused { code, reason } if code == "invalid_request" => {
+                crate::metrics::rejected("api", "invalid_request");
+                Self::new(
+                    StatusCode::BAD_REQUEST,
+                    json!({"error": format!("invalid request: {reason}"), "reason": "invalid_request", "code": code, "detail": reason}),
+                )
+            }
             CallError::Refused { code, reason } => Self::new(
                 StatusCode::CONFLICT,
-                json!({"error": "refused", "code": code, "detail": reason}),
+                json!({"error": "refused", "reason": code, "code": code, "detail": reason}),
             ),
             CallError::Invalid(m) => Self::new(
                 StatusCode::BAD_REQUEST,
-                json!({"error": "invalid request", "detail": m}),
+                json!({"error": "invalid request", "reason": "invalid_request", "detail": m}),
             ),
         }
     }
+}
+
+/// Gives axum's bodiless `405 Method Not Allowed` (a known path, another method) a JSON body
+/// naming the allowed methods; axum's `Allow` header is kept.
+pub(super) async fn method_not_allowed_json(resp: Response) -> Response {
+    if resp.status() != StatusCode::METHOD_NOT_ALLOWED {
+        return resp;
+    }
+    crate::metrics::rejected("api", "method_not_allowed");
+    let allow: Vec<String> = resp
+        .headers()
+        .get(axum::http::header::ALLOW)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(',')
+                .map(|m| m.trim().to_owned())
+                .filter(|m| !m.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    let (mut parts, _) = resp.into_parts();
+    let body = json!({
+        "error": format!("method not allowed here; allowed: {}", allow.join(", ")),
+        "reason": "method_not_allowed",
+        "allow": allow,
+    });
+    parts.headers.insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    Response::from_parts(parts, axum::body::Body::from(body.to_string()))
 }
 
 pub(super) async fn not_found() -> Response {

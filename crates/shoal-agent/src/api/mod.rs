@@ -38,7 +38,9 @@ pub use index::{ViewIndex, Watched, MAX_WATCHED_SERVICES};
 pub use json::{endpoint_json, RecordTimes};
 pub(crate) use query::percent_decode;
 pub(crate) use reads::service_view;
-pub use register::{ensure_node_key_bound, register_instance, RegisterBody};
+pub use register::{
+    endpoint_address_problem, ensure_node_key_bound, register_instance, RegisterBody,
+};
 pub use writes::transition;
 
 use block::*;
@@ -59,7 +61,7 @@ pub const OPENAPI: &str = include_str!("../../../../docs/api/openapi.json");
 /// The API router.
 pub fn router(shared: Arc<Shared>) -> Router {
     let svc = "/v1/services/{ns}/{svc}/{port}";
-    Router::new()
+    let api = Router::new()
         .route("/v1/services", get(services))
         .route(&format!("{svc}/endpoints"), get(endpoints))
         .route(&format!("{svc}/pick"), get(pick))
@@ -77,5 +79,60 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/failover", get(crate::failover::status))
         .route("/v1/openapi.json", get(openapi))
         .fallback(not_found)
-        .with_state(shared)
+        .with_state(shared);
+    with_json_405(api)
+}
+
+/// `router` with its 405s given a JSON body ([`method_not_allowed_json`]). Wrapped around the
+/// whole router, not layered on its routes: axum adds the `Allow` header outside a route's
+/// layers, where the body is written from.
+fn with_json_405(router: Router) -> Router {
+    Router::new()
+        .fallback_service(router)
+        .layer(axum::middleware::map_response(method_not_allowed_json))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::{header, Request, StatusCode};
+
+    #[tokio::test]
+    async fn a_405_has_a_json_body_naming_the_allowed_methods_and_the_allow_header() {
+        let inner = Router::new()
+            .route("/x", get(|| async { "x" }))
+            .route("/y", post(|| async { "y" }));
+        let app = with_json_405(inner);
+        for (method, path, allow) in [("DELETE", "/x", "GET,HEAD"), ("GET", "/y", "POST")] {
+            let req = Request::builder()
+                .method(method)
+                .uri(path)
+                .body(axum::body::Body::empty())
+                .unwrap();
+            let resp = tower_service::Service::call(&mut app.clone(), req)
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
+            assert_eq!(resp.headers()[header::ALLOW], allow);
+            assert_eq!(resp.headers()[header::CONTENT_TYPE], "application/json");
+            let body = axum::body::to_bytes(resp.into_body(), 4096).await.unwrap();
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(v["reason"], "method_not_allowed", "{v}");
+            let want: Vec<&str> = allow.split(',').collect();
+            assert_eq!(v["allow"], serde_json::json!(want), "{v}");
+            assert!(
+                v["error"].as_str().unwrap().contains(&want.join(", ")),
+                "{v}"
+            );
+        }
+        // Other answers pass through untouched.
+        let req = Request::builder()
+            .uri("/x")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let resp = tower_service::Service::call(&mut app.clone(), req)
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+    }
 }

@@ -48,7 +48,59 @@ pub struct RegisterBody {
     pub probes: ProbeSet,
 }
 
+/// Why `addr` cannot be an endpoint's address, if it cannot: callers would be sent to it
+/// (QA: `0.0.0.0:0` was registered, `pick` returned it and DNS answered `A 0.0.0.0`).
+/// Refused: port 0, the unspecified address (`0.0.0.0`, `::`), multicast (`224.0.0.0/4`,
+/// `ff00::/8`), the IPv4 broadcast address and link-local addresses (`169.254.0.0/16`,
+/// `fe80::/10`: reachable on one link only, and IPv6 ones need a zone the record cannot carry),
+/// as Kubernetes' EndpointSlice validation refuses them. Loopback is allowed (local clusters
+/// run on `127.0.x.y`). IPv4-mapped IPv6 addresses are judged as their IPv4 address.
+pub fn endpoint_address_problem(addr: SocketAddr) -> Option<&'static str> {
+    use std::net::IpAddr;
+    if addr.port() == 0 {
+        return Some("port 0 is not a port callers can connect to");
+    }
+    let ip = addr.ip().to_canonical();
+    if ip.is_unspecified() {
+        return Some("the unspecified address (0.0.0.0 / ::) is not an address callers can reach");
+    }
+    if ip.is_multicast() {
+        return Some("a multicast address cannot be an endpoint");
+    }
+    match ip {
+        IpAddr::V4(v4) if v4.is_broadcast() => {
+            Some("the broadcast address 255.255.255.255 cannot be an endpoint")
+        }
+        IpAddr::V4(v4) if v4.is_link_local() => {
+            Some("a link-local address (169.254.0.0/16) is reachable on one link only")
+        }
+        IpAddr::V6(v6) if v6.is_unicast_link_local() => {
+            Some("a link-local address (fe80::/10) is reachable on one link only")
+        }
+        _ => None,
+    }
+}
+
+/// Refuses a lease the authority would refuse (`shoal_authority::MIN_LEASE_MS..=MAX_LEASE_MS`)
+/// before asking it: bad input is a 400 here, not the authority's 409.
+pub(super) fn check_lease(lease_ms: u32) -> Result<(), ApiError> {
+    use shoal_authority::{MAX_LEASE_MS, MIN_LEASE_MS};
+    if (MIN_LEASE_MS..=MAX_LEASE_MS).contains(&lease_ms) {
+        return Ok(());
+    }
+    Err(ApiError::bad(
+        "bad_lease",
+        format!("lease_ms {lease_ms} is out of range ({MIN_LEASE_MS}..={MAX_LEASE_MS})"),
+    ))
+}
+
 pub(super) fn endpoint_spec(shared: &Shared, b: &RegisterBody) -> Result<EndpointSpec, ApiError> {
+    if let Some(why) = endpoint_address_problem(b.address) {
+        return Err(ApiError::bad(
+            "bad_address",
+            format!("address {} refused: {why}", b.address),
+        ));
+    }
     let zone = match &b.zone {
         Some(z) => Zone::new(z.clone()).map_err(|e| ApiError::bad("bad_zone", e.to_string()))?,
         None => shared.cfg.zone.clone(),
@@ -315,12 +367,14 @@ pub async fn register_instance(
     if let Err(e) = ensure_node_key_bound(shared).await {
         tracing::warn!(error = %e, "node key not bound yet; registering anyway");
     }
+    let lease_ms = b.lease_ms.unwrap_or(shared.cfg.raw.authority.lease_ms);
+    check_lease(lease_ms)?;
     let body = AuthorityRequestBody::Register {
         key: key.clone(),
         instance: instance.clone(),
         on_node: None,
         endpoint,
-        lease_ms: b.lease_ms.unwrap_or(shared.cfg.raw.authority.lease_ms),
+        lease_ms,
     };
     let owner = who.map_or(
         Owner {
@@ -378,4 +432,62 @@ pub async fn register_instance(
         crate::agent::start_probes(shared, key, instance, g, addr, b.probes.clone(), exec_as);
     }
     Ok((records.len(), generation.map_or(0, |g| g.0)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unroutable_endpoint_addresses_are_refused_and_loopback_is_not() {
+        let refused = [
+            "0.0.0.0:0",
+            "0.0.0.0:80",
+            "10.0.0.7:0",
+            "[::]:80",
+            "255.255.255.255:53",
+            "224.0.0.1:80",
+            "239.1.2.3:80",
+            "[ff02::1]:53",
+            "[ff05::2]:80",
+            "169.254.169.254:80",
+            "[fe80::1]:80",
+            "[::ffff:0.0.0.0]:80",
+            "[::ffff:169.254.1.1]:80",
+            "[::ffff:224.0.0.1]:80",
+        ];
+        for a in refused {
+            let addr: SocketAddr = a.parse().unwrap();
+            assert!(endpoint_address_problem(addr).is_some(), "{a} accepted");
+        }
+        let allowed = [
+            "10.0.0.7:8080",
+            "127.0.0.1:80",
+            "127.0.42.3:8080",
+            "[::1]:80",
+            "192.168.1.1:443",
+            "8.8.8.8:53",
+            "[2001:db8::1]:80",
+            "[fd00::1]:80",
+            "[::ffff:10.0.0.7]:80",
+            "255.255.255.254:80",
+        ];
+        for a in allowed {
+            let addr: SocketAddr = a.parse().unwrap();
+            assert_eq!(endpoint_address_problem(addr), None, "{a} refused");
+        }
+    }
+
+    #[test]
+    fn leases_the_authority_refuses_are_bad_input() {
+        use shoal_authority::{MAX_LEASE_MS, MIN_LEASE_MS};
+        for bad in [0, MIN_LEASE_MS - 1, MAX_LEASE_MS + 1] {
+            let e = check_lease(bad).unwrap_err();
+            assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+            assert_eq!(e.body()["reason"], "bad_lease", "{}", e.body());
+        }
+        for good in [MIN_LEASE_MS, 300_000, MAX_LEASE_MS] {
+            assert!(check_lease(good).is_ok());
+        }
+    }
 }

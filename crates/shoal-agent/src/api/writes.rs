@@ -1,6 +1,7 @@
 //! Other writes: failure reports (local ejection), lifecycle transitions, request bodies, publishing
 //! committed records to the mesh.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use serde_json::{json, Value};
 use shoal_catalog::view::{self};
 use shoal_mesh::Command;
 use shoal_proto::rpc::{AuthorityOk, AuthorityRequestBody, LocalCaller};
-use shoal_proto::{InstanceId, LifecycleState, ServiceKey, TransitionReason};
+use shoal_proto::{Generation, InstanceId, LifecycleState, ServiceKey, TransitionReason};
 
 use super::*;
 use crate::access::Action;
@@ -105,14 +106,31 @@ pub(super) async fn report_inner(
         }
     };
     let now = shared.now_ms();
-    // What the view says about the instance right now.
-    let current = {
+    // What the view says about the instance right now, and which endpoints of the service are
+    // routable but for local ejections (what the ejection cap is a share of).
+    let (current, routable_endpoints) = {
         let mesh = shared.mesh.read().expect("mesh lock");
-        mesh.catalog().entry(&key, &instance).map(|e| {
+        let liveness = mesh.liveness();
+        let current = mesh.catalog().entry(&key, &instance).map(|e| {
             let life = &e.lifecycle().record;
-            let routable = view::is_routable(e, &mesh.liveness());
+            let routable = view::is_routable(e, &liveness);
             (life.generation, life.state, routable)
-        })
+        });
+        let routable: Vec<(InstanceId, Generation)> = if failed {
+            mesh.catalog().service(&key).map_or_else(Vec::new, |s| {
+                s.instances
+                    .values()
+                    .filter(|e| view::is_routable(e, &liveness))
+                    .map(|e| {
+                        let life = &e.lifecycle().record;
+                        (life.instance.clone(), life.generation)
+                    })
+                    .collect()
+            })
+        } else {
+            Vec::new()
+        };
+        (current, routable)
     };
     let Some((generation, state, routable)) = current else {
         counter!("shoal_requests_to_removed_endpoints_total").increment(1);
@@ -161,15 +179,57 @@ pub(super) async fn report_inner(
             .eject_ms
             .unwrap_or(shared.cfg.raw.api.eject_ms)
             .min(MAX_EJECT_MS);
+        let pct = shared.cfg.raw.api.max_ejection_percent;
         let mut ej = shared.ejections.lock().expect("ejections");
-        if ej.len() >= MAX_EJECTIONS && !ej.contains_key(&(instance.clone(), generation)) {
+        let slot = (instance.clone(), generation);
+        let in_force = |k: &(InstanceId, Generation)| ej.get(k).is_some_and(|until| *until > now);
+        let renewal = in_force(&slot);
+        let ejected = routable_endpoints.iter().filter(|k| in_force(k)).count();
+        let limit = ejection_limit(routable_endpoints.len(), pct);
+        if !renewal && ejected >= limit {
+            // Envoy's max_ejection_percent: reports alone never take a whole service (or
+            // most of it) out of rotation (QA: one report per endpoint made `pick` answer
+            // "no backend" for 10 minutes).
+            drop(ej);
+            counter!("shoal_local_ejections_total", "outcome" => "capped").increment(1);
+            crate::metrics::rejected("api", "ejection_cap");
+            if EJECTION_LOG.should_log(who.uid, &key, &instance, false) {
+                tracing::warn!(caller = %who, service = %key, %instance, ejected,
+                    routable = routable_endpoints.len(), max_ejection_percent = pct,
+                    "failure report not applied: the service's ejection cap is reached (logged once a minute per caller and endpoint)");
+            }
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                json!({
+                    "error": format!(
+                        "not applied: {ejected} of the {} routable endpoints of {key} are ejected here already, the most reports may eject at once ([api] max_ejection_percent = {pct}, at least one)",
+                        routable_endpoints.len()
+                    ),
+                    "reason": "ejection_cap",
+                    "instance": instance.as_str(),
+                    "generation": generation.0,
+                    "ejected": ejected,
+                    "routable": routable_endpoints.len(),
+                    "limit": limit,
+                }),
+            ));
+        }
+        if ej.len() >= MAX_EJECTIONS && !ej.contains_key(&slot) {
             crate::metrics::rejected("api", "ejections_full");
+            counter!("shoal_local_ejections_total", "outcome" => "table_full").increment(1);
         } else {
-            ej.insert((instance.clone(), generation), now + ms);
+            ej.insert(slot, now + ms);
             // Published before the index bump below, so a woken watcher sees it.
             shared.publish_ejections(&ej);
+            drop(ej);
             ejected_until = Some(ms);
-            counter!("shoal_local_ejections_total", "outcome" => "ejected").increment(1);
+            let outcome = if renewal { "renewed" } else { "ejected" };
+            counter!("shoal_local_ejections_total", "outcome" => outcome).increment(1);
+            if !renewal && EJECTION_LOG.should_log(who.uid, &key, &instance, true) {
+                tracing::warn!(caller = %who, service = %key, %instance,
+                    generation = generation.0, eject_ms = ms, report = %b.outcome,
+                    "endpoint ejected locally after a failure report (logged once a minute per caller and endpoint)");
+            }
         }
     }
     shared.index.bump_services([&key]);
@@ -179,6 +239,63 @@ pub(super) async fn report_inner(
         StatusCode::OK,
         json!({"instance": instance.as_str(), "generation": generation.0, "ejected_for_ms": ejected_until, "scope": "local"}),
     ))
+}
+
+/// How many of a service's `routable` endpoints reports may hold ejected at once:
+/// `max_ejection_percent` of them, rounded down, and never fewer than one (as Envoy's outlier
+/// detection always allows one ejection).
+pub(crate) fn ejection_limit(routable: usize, max_ejection_percent: u8) -> usize {
+    (routable.saturating_mul(usize::from(max_ejection_percent)) / 100).max(1)
+}
+
+/// Log lines of local ejections (applied or refused by the cap): at most one a minute per
+/// (caller uid, service, instance, applied), so a caller reporting in a loop writes one line
+/// per endpoint, not one per report. Bounded; past the bound lines are counted in
+/// `shoal_local_ejection_logs_suppressed_total` instead.
+pub(crate) struct EjectionLog {
+    last: std::sync::Mutex<HashMap<(u32, ServiceKey, InstanceId, bool), std::time::Instant>>,
+}
+
+/// Most (caller, endpoint) pairs [`EjectionLog`] remembers.
+const MAX_EJECTION_LOG_ENTRIES: usize = 4_096;
+const EJECTION_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+static EJECTION_LOG: std::sync::LazyLock<EjectionLog> = std::sync::LazyLock::new(EjectionLog::new);
+
+impl EjectionLog {
+    pub(crate) fn new() -> Self {
+        Self {
+            last: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether to log this ejection (`applied`) or cap refusal now.
+    pub(crate) fn should_log(
+        &self,
+        uid: u32,
+        key: &ServiceKey,
+        instance: &InstanceId,
+        applied: bool,
+    ) -> bool {
+        let now = std::time::Instant::now();
+        let mut last = self.last.lock().expect("ejection log");
+        let id = (uid, key.clone(), instance.clone(), applied);
+        if last
+            .get(&id)
+            .is_some_and(|t| now.duration_since(*t) < EJECTION_LOG_INTERVAL)
+        {
+            return false;
+        }
+        if last.len() >= MAX_EJECTION_LOG_ENTRIES && !last.contains_key(&id) {
+            last.retain(|_, t| now.duration_since(*t) < EJECTION_LOG_INTERVAL);
+            if last.len() >= MAX_EJECTION_LOG_ENTRIES {
+                counter!("shoal_local_ejection_logs_suppressed_total").increment(1);
+                return false;
+            }
+        }
+        last.insert(id, now);
+        true
+    }
 }
 
 pub(super) async fn publish(
@@ -236,16 +353,33 @@ pub async fn transition(
             .map(|e| e.lifecycle().record.clone())
     };
     let Some(rec) = current else {
+        crate::metrics::rejected("api", "unknown_instance");
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
-            json!({"error": "unknown instance", "instance": instance.as_str()}),
+            json!({
+                "error": format!("unknown instance: the catalog here holds no instance `{instance}` of {key}"),
+                "reason": "unknown_instance",
+                "instance": instance.as_str(),
+            }),
         ));
     };
     if rec.owner != shared.cfg.node_id {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            json!({"error": "instance is not on this node", "owner": rec.owner.as_str()}),
-        ));
+        let denied = crate::access::Denied {
+            code: "not_local",
+            reason: format!(
+                "instance is not on this node: `{instance}` of {key} is owned by node {}; ask that node's agent",
+                rec.owner
+            ),
+        };
+        let mut e = match who {
+            Some(who) => forbidden(shared, who, route_of(action), denied),
+            None => ApiError::new(
+                StatusCode::FORBIDDEN,
+                json!({"error": denied.reason, "reason": denied.code}),
+            ),
+        };
+        e.insert("owner", json!(rec.owner.as_str()));
+        return Err(e);
     }
     let (to, reason) = match action {
         "ready" if rec.state == LifecycleState::Draining => {
@@ -323,4 +457,50 @@ pub(super) async fn lifecycle(
     .await;
     count_write(route_of(&action), &r);
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ejection_limit_is_a_share_of_the_routable_endpoints_and_at_least_one() {
+        // The 50 % default: half, rounded down; one of one or two.
+        assert_eq!(ejection_limit(0, 50), 1);
+        assert_eq!(ejection_limit(1, 50), 1);
+        assert_eq!(ejection_limit(2, 50), 1);
+        assert_eq!(ejection_limit(3, 50), 1);
+        assert_eq!(ejection_limit(4, 50), 2);
+        assert_eq!(ejection_limit(10, 50), 5);
+        // Envoy's 10 % default, and no cap at 100 %.
+        assert_eq!(ejection_limit(10, 10), 1);
+        assert_eq!(ejection_limit(25, 10), 2);
+        assert_eq!(ejection_limit(7, 100), 7);
+        assert_eq!(ejection_limit(usize::MAX, 100), usize::MAX / 100);
+    }
+
+    #[test]
+    fn ejection_log_once_a_minute_per_caller_and_endpoint() {
+        let log = EjectionLog::new();
+        let key = ServiceKey::new("prod", "web", "http").unwrap();
+        let web1 = InstanceId::new("web-1").unwrap();
+        let web2 = InstanceId::new("web-2").unwrap();
+        assert!(log.should_log(1000, &key, &web1, true));
+        assert!(
+            !log.should_log(1000, &key, &web1, true),
+            "same caller and endpoint"
+        );
+        assert!(
+            log.should_log(1000, &key, &web1, false),
+            "a refusal is its own line"
+        );
+        assert!(log.should_log(1000, &key, &web2, true), "another endpoint");
+        assert!(log.should_log(1001, &key, &web1, true), "another caller");
+        // Bounded: past the bound, new pairs are suppressed, not remembered.
+        for i in 0..MAX_EJECTION_LOG_ENTRIES {
+            let _ = log.should_log(5000 + i as u32, &key, &web1, true);
+        }
+        assert!(log.last.lock().unwrap().len() <= MAX_EJECTION_LOG_ENTRIES);
+        assert!(!log.should_log(u32::MAX, &key, &web1, true));
+    }
 }

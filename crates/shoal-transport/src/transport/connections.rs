@@ -135,6 +135,8 @@ impl Shared {
             extra: Mutex::new(None),
             dial_lock: tokio::sync::Mutex::new(()),
             last_dial_failure: Mutex::new(None),
+            dial_error: Mutex::new(None),
+            dial_error_log: LogEvery::new(),
         });
         let (dtx, drx) = mpsc::channel(self.limits.peer_queue_len);
         let (stx, srx) = mpsc::channel(self.limits.peer_queue_len);

@@ -394,7 +394,24 @@ impl QuicCountersHandle {
             .upgrade()
             .map_or_else(TransportCounters::default, |s| s.counters.snapshot())
     }
+
+    /// Why the last dial to `to` failed, if it did within [`DIAL_ERROR_MAX_AGE`] and no dial
+    /// has succeeded since: for a caller whose message to `to` was dropped and who would
+    /// otherwise only see a timeout (e.g. `quinn` / `rustls` text such as
+    /// `handshake: the cryptographic handshake failed: error 42: invalid peer certificate: BadSignature`).
+    pub fn dial_failure(&self, to: SocketAddr) -> Option<String> {
+        let shared = self.0.upgrade()?;
+        let cache = shared.cache.lock().expect("cache lock");
+        let entry = cache.peers.get(&to)?;
+        let err = entry.link.dial_error.lock().expect("dial error lock");
+        err.as_ref()
+            .filter(|(at, _)| at.elapsed() < DIAL_ERROR_MAX_AGE)
+            .map(|(_, text)| text.clone())
+    }
 }
+
+/// How long [`QuicCountersHandle::dial_failure`] reports a failed dial.
+pub const DIAL_ERROR_MAX_AGE: Duration = Duration::from_secs(60);
 
 #[derive(Default)]
 struct Counters {
@@ -517,6 +534,11 @@ struct PeerLink {
     /// Serialises dials so two sender tasks never dial the same peer twice.
     dial_lock: tokio::sync::Mutex<()>,
     last_dial_failure: Mutex<Option<Instant>>,
+    /// Why the last dial failed and when (cleared by a successful dial), for callers whose
+    /// messages it dropped ([`QuicCountersHandle::dial_failure`]).
+    dial_error: Mutex<Option<(Instant, String)>>,
+    /// Failed handshakes to this peer are logged at most once a minute.
+    dial_error_log: crate::log_every::LogEvery,
 }
 
 fn live(c: &Option<Connection>) -> Option<Connection> {
@@ -581,14 +603,29 @@ impl PeerLink {
         }
         match shared.dial(self.addr).await {
             Ok((conn, peer)) => {
+                *self.dial_error.lock().expect("dial error lock") = None;
                 self.install(conn.clone());
                 shared.spawn_driver(conn.clone(), self.addr, peer);
                 Some(self.current().unwrap_or(conn))
             }
             Err(e) => {
-                tracing::debug!(peer = %self.addr, error = %e, "dial failed");
                 inc(&shared.counters.connects_failed);
-                *self.last_dial_failure.lock().expect("failure lock") = Some(Instant::now());
+                let now = Instant::now();
+                *self.last_dial_failure.lock().expect("failure lock") = Some(now);
+                let text = e.to_string();
+                if e.is_refusal() {
+                    // A peer that answers but refuses us (another CA, an expired certificate,
+                    // another region) would otherwise go unexplained on this side: only the
+                    // refusing peer logged it (QA: an agent with a certificate of another CA
+                    // logged nothing for 70 s and said only "not yet joined").
+                    if let Some(held) = self.dial_error_log.check() {
+                        tracing::warn!(peer = %self.addr, error = %text, not_logged_since_last = held,
+                            "cannot connect to peer: TLS handshake or identity check failed (a certificate of another CA, expired, or of another region?); logged once a minute per peer");
+                    }
+                } else {
+                    tracing::debug!(peer = %self.addr, error = %text, "dial failed");
+                }
+                *self.dial_error.lock().expect("dial error lock") = Some((now, text));
                 None
             }
         }
@@ -677,6 +714,24 @@ impl quinn::AsyncUdpSocket for CountingSocket {
     }
     fn may_fragment(&self) -> bool {
         self.inner.may_fragment()
+    }
+}
+
+impl DialError {
+    /// The peer answered but the connection was refused: a failed TLS handshake (either
+    /// side's certificate check, a TLS alert from the peer), an identity we refuse, a close
+    /// by the peer. Not a peer that is down or silent (timeouts, resets), which is ordinary.
+    fn is_refusal(&self) -> bool {
+        match self {
+            Self::Handshake(e) => !matches!(
+                e,
+                quinn::ConnectionError::TimedOut
+                    | quinn::ConnectionError::Reset
+                    | quinn::ConnectionError::LocallyClosed
+            ),
+            Self::Identity(_) => true,
+            Self::Connect(_) | Self::Hello(_) | Self::HelloClosed(_) => false,
+        }
     }
 }
 
