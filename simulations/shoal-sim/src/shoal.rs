@@ -33,7 +33,7 @@ use std::sync::Arc;
 use rand::{Rng, RngExt};
 use serde::Deserialize;
 use shoal_authority::{ApplyContext, AuthorityCommand, AuthorityState, Caller};
-use shoal_catalog::view::{self, Liveness};
+use shoal_catalog::view;
 use shoal_catalog::{Catalog, Keyring, RecordCache, Verifier};
 use shoal_mesh::membership::MemberId;
 use shoal_mesh::mesh::Restore;

@@ -707,6 +707,12 @@ impl<N: SimNode> World<N> {
         self.windows.parallel
     }
 
+    /// The worker threads' pool, for scenario layers that read nodes in parallel (`None` on
+    /// one thread, or before the first parallel window).
+    pub fn pool(&self) -> Option<&rayon::ThreadPool> {
+        self.windows.pool().filter(|_| self.threads > 1)
+    }
+
     /// Events handled in parallel windows so far (see [`World::parallel_windows`]).
     pub fn parallel_events(&self) -> u64 {
         self.windows.parallel_events
