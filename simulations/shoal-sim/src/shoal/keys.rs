@@ -37,9 +37,9 @@ impl SimKeys {
             .expect("a cache lock is never poisoned")
     }
 
-    /// The engine thread's caches, from a worker thread (`None` on the engine thread). The
-    /// engine thread signs and verifies every initial record, so a worker finds most records
-    /// verified there, and takes the same shared copy. Lock order: a worker's own shard, then
+    /// The engine thread's caches (shard 0), from a thread with another shard (`None` on
+    /// shard 0's threads). The engine thread signs and verifies every initial record, so a
+    /// worker finds most records verified there, and takes the same shared copy. Lock order: a worker's own shard, then
     /// shard 0; the engine thread never holds shard 0 while waiting for another.
     fn engine_caches(&self) -> Option<MutexGuard<'_, Caches>> {
         (!worker_index().is_multiple_of(self.caches.len())).then(|| self.shard(0))

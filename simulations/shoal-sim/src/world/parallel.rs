@@ -43,10 +43,12 @@ thread_local! {
     static WORKER: Cell<usize> = const { Cell::new(0) };
 }
 
-/// Which thread is handling nodes: 0 for the engine's own thread (and any thread outside a
-/// parallel window), `1..=threads` for a window's worker threads. Node-side caches shared by
-/// all nodes (the simulator's record interning) keep one shard per index so workers never
-/// share one.
+/// Which thread is handling nodes: `0..threads` for the worker threads, 0 also for any other
+/// thread (the engine's own, which waits while the workers run). Node-side caches shared by
+/// all nodes (the simulator's record interning) keep one shard per index, so two threads that
+/// handle nodes at the same time never share one, and the first worker shares the engine
+/// thread's (with 2 threads: 2 shards, not 3; each shard holds its own copy of every record it
+/// saw, so fewer shards is less memory).
 pub fn worker_index() -> usize {
     WORKER.with(Cell::get)
 }
@@ -233,7 +235,7 @@ pub(super) fn run_windows<N: SimNode>(world: &mut World<N>, until_us: u64) {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("shoal-sim-{i}"))
-            .start_handler(|i| WORKER.with(|w| w.set(i + 1)))
+            .start_handler(|i| WORKER.with(|w| w.set(i)))
             .build()
             .expect("the simulator's worker threads start");
         world.windows.pool = Some(pool);
