@@ -633,7 +633,7 @@ impl Membership {
         self.contested.remove(&id.node);
         self.book_up(self.last_now_ms, &id);
         self.member_buckets[member_bucket(&id.node)] ^= member_fingerprint(&id);
-        self.active.insert(id.node.clone(), id.clone());
+        self.activate(id.clone());
         self.book_version += 1;
         debug_assert_eq!(
             self.member_buckets,
@@ -647,7 +647,7 @@ impl Membership {
         if self.active.get(&id.node) != Some(id) {
             return;
         }
-        self.active.remove(&id.node);
+        self.deactivate(&id.node);
         self.book_version += 1;
         self.member_buckets[member_bucket(&id.node)] ^= member_fingerprint(id);
         if self.down.len() >= self.config.max_tracked_down && evict_oldest(&mut self.down) {

@@ -60,6 +60,10 @@ pub(super) struct Known {
     unseen_at_seen_ms: u64,
     backoff_ms: u64,
     next_try_ms: u64,
+    /// Active members at this address: the reconnect tick knocks only where this is 0. Kept
+    /// in step by [`Membership::activate`] and [`Membership::deactivate`], so finding the due
+    /// addresses costs O(book), not O(members).
+    occupants: u32,
 }
 
 impl Known {
@@ -198,6 +202,9 @@ impl Membership {
             self.counters.known_evicted += 1;
         }
         let base = self.config.reconnect_base_ms;
+        // The one pass over the active members: a new entry is rare (a member went down, a
+        // seed or a restored address); from here on `activate`/`deactivate` keep the count.
+        let occupants = self.active.values().filter(|m| m.addr == addr).count();
         self.book.insert(
             addr,
             Known {
@@ -207,6 +214,7 @@ impl Membership {
                 unseen_at_seen_ms: unseen_for_ms,
                 backoff_ms: base,
                 next_try_ms: now_ms.saturating_add(base),
+                occupants: u32::try_from(occupants).unwrap_or(u32::MAX),
             },
         );
         debug_assert!(
@@ -294,32 +302,51 @@ impl Membership {
     /// as `(next_try_ms, addr)` in address order.
     ///
     /// Runs every tick while the book is not empty (a member that died stays in it until a
-    /// member is active at its address again), so it must not cost O(members) when nothing is
-    /// due: it filters the book first and passes over the active members only when some
-    /// address is due, without building a set of all their addresses. That set, built on
-    /// every tick of every agent, was 8.7 % of the samples of `reference/small/crash`, and
-    /// dropping it cut `reference/crash`'s user CPU by a third (1,027 -> 663 s; 1,667
-    /// members per agent).
+    /// member is active at its address again), and again whenever the book or the active set
+    /// changes ([`Membership::refresh_earliest_due`]), so it must not cost O(members): each
+    /// entry counts the active members at its address. Passing over the active members here
+    /// instead was 15 % of the samples of a full-scale `reference/crash` profile (session 11).
     fn due_addresses(&self, now_ms: u64) -> Vec<(u64, SocketAddr)> {
-        // The book iterates in address order, so `due` is sorted by address for the search.
-        let mut due: Vec<(u64, SocketAddr)> = self
+        let due: Vec<(u64, SocketAddr)> = self
             .book
             .iter()
-            .filter(|(_, k)| k.next_try_ms <= now_ms)
+            .filter(|(_, k)| k.next_try_ms <= now_ms && k.occupants == 0)
             .map(|(a, k)| (k.next_try_ms, *a))
             .collect();
-        if due.is_empty() {
-            return due;
-        }
-        let mut occupied = vec![false; due.len()];
-        for m in self.active.values() {
-            if let Ok(i) = due.binary_search_by(|(_, a)| a.cmp(&m.addr)) {
-                occupied[i] = true;
-            }
-        }
-        let mut occupied = occupied.into_iter();
-        due.retain(|_| !occupied.next().unwrap_or(false));
+        debug_assert!(
+            self.book.iter().all(|(a, k)| {
+                k.occupants as usize == self.active.values().filter(|m| m.addr == *a).count()
+            }),
+            "a book entry's occupant count is out of step with the active set"
+        );
         due
+    }
+
+    /// Makes `id` the active member of its node (replacing the node's earlier identity, if
+    /// any), keeping the book's occupant counts in step.
+    pub(super) fn activate(&mut self, id: MemberId) {
+        let addr = id.addr;
+        if let Some(old) = self.active.insert(id.node.clone(), id) {
+            self.occupy(old.addr, false);
+        }
+        self.occupy(addr, true);
+    }
+
+    /// Removes `node` from the active set, keeping the book's occupant counts in step.
+    pub(super) fn deactivate(&mut self, node: &NodeId) {
+        if let Some(old) = self.active.remove(node) {
+            self.occupy(old.addr, false);
+        }
+    }
+
+    fn occupy(&mut self, addr: SocketAddr, up: bool) {
+        if let Some(k) = self.book.get_mut(&addr) {
+            k.occupants = if up {
+                k.occupants.saturating_add(1)
+            } else {
+                k.occupants.saturating_sub(1)
+            };
+        }
     }
 }
 
