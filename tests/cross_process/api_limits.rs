@@ -15,7 +15,8 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -27,6 +28,55 @@ const HEADER_TIMEOUT_MS: u64 = 6_000;
 /// `[api]` defaults: 512 per uid; total = 1024 - fd_reserve (256) - the metrics port's cap
 /// (`metrics_max_connections`, 64) = 704.
 const PER_UID: usize = 512;
+
+/// Starts `agent` the way both floods need it: its metrics port on `metrics`, the `[api]`
+/// header read timeout at [`HEADER_TIMEOUT_MS`] plus `api_lines` (each ending in a newline),
+/// run under the common `ulimit -n 1024` (soft and hard). Waits until it answers, checks the
+/// limit took and the fd budget it logged (1024 - fd_reserve 256 - the metrics port's cap 64
+/// = 704 local API connections). Returns its pid.
+fn start_under_ulimit(agent: &mut Agent, metrics: &str, api_lines: &str) -> u32 {
+    let text = std::fs::read_to_string(&agent.config)
+        .unwrap()
+        .replace(
+            "cluster_size = 8\n",
+            &format!("cluster_size = 8\nmetrics = \"{metrics}\"\n"),
+        )
+        .replace(
+            "[api]\n",
+            &format!("[api]\n{api_lines}header_read_timeout_ms = {HEADER_TIMEOUT_MS}\n"),
+        );
+    std::fs::write(&agent.config, text).unwrap();
+    let pid = agent.start_with_nofile(1024);
+    eventually(Duration::from_secs(20), "agent answers", || {
+        agent.get("/v1/agent/self").map(|_| ())
+    });
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let nofile = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    assert!(nofile.split_whitespace().nth(3) == Some("1024"), "{nofile}");
+    let log_text = strip_ansi(&agent.log());
+    assert!(log_text.contains("max_connections=704"), "{log_text}");
+    pid
+}
+
+/// The `FLOOD ...` lines a flood helper child prints on stdout, as they come (libtest may
+/// print `test flood_helper ... ` on the same line before them).
+fn flood_lines(flood: &mut Child) -> Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let out = flood.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if let Some(i) = line.find("FLOOD ") {
+                if tx.send(line[i..].to_owned()).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    rx
+}
 
 /// The flood client, run as a child process (this test binary re-executed as user A).
 /// Does nothing unless `SHOAL_FLOOD_SOCKET` is set.
@@ -115,44 +165,7 @@ fn half_open_flood_does_not_starve_other_callers_or_persistence() {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
     let agent = &mut c.agents[0];
-    let text = std::fs::read_to_string(&agent.config)
-        .unwrap()
-        .replace(
-            "cluster_size = 8\n",
-            &format!("cluster_size = 8\nmetrics = \"{METRICS}\"\n"),
-        )
-        .replace(
-            "[api]\n",
-            &format!("[api]\nsocket_mode = 0o666\nheader_read_timeout_ms = {HEADER_TIMEOUT_MS}\n"),
-        );
-    std::fs::write(&agent.config, text).unwrap();
-    // The agent under the common `ulimit -n 1024` (soft and hard).
-    let log = std::fs::File::create(dir.join("node-a.log")).unwrap();
-    let child = Command::new("sh")
-        .arg("-c")
-        .arg("ulimit -n 1024 && exec \"$0\" agent --config \"$1\"")
-        .arg(common::shoal_bin())
-        .arg(&agent.config)
-        .env("SHOAL_LOG", "info")
-        .env_remove("SHOAL_SOCKET")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    agent.child = Some(child);
-    eventually(Duration::from_secs(20), "agent answers", || {
-        agent.get("/v1/agent/self").map(|_| ())
-    });
-    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
-    let nofile = limits
-        .lines()
-        .find(|l| l.starts_with("Max open files"))
-        .unwrap();
-    assert!(nofile.split_whitespace().nth(3) == Some("1024"), "{nofile}");
-    let log_text = strip_ansi(&agent.log());
-    assert!(log_text.contains("max_connections=704"), "{log_text}");
+    let pid = start_under_ulimit(agent, METRICS, "socket_mode = 0o666\n");
     register_ready(agent, "web-1", "10.0.0.7:8080");
 
     // The flood: this test binary, copied where user A can run it, re-executed as A.
@@ -174,18 +187,7 @@ fn half_open_flood_does_not_starve_other_callers_or_persistence() {
             .spawn()
             .unwrap()
     };
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    let out = flood.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        // libtest may print `test flood_helper ... ` on the same line before the output.
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if let Some(i) = line.find("FLOOD ") {
-                if tx.send(line[i..].to_owned()).is_err() {
-                    return;
-                }
-            }
-        }
-    });
+    let rx = flood_lines(&mut flood);
     let opened = rx
         .recv_timeout(Duration::from_secs(60))
         .expect("flood opened");
@@ -367,41 +369,11 @@ fn metrics_port_flood_is_capped_and_timed_out() {
     /// `metrics_max_connections` default.
     const METRICS_CAP: usize = 64;
     let mut c = Cluster::new(47, 1);
-    let dir = c.tmp.path().to_owned();
     let agent = &mut c.agents[0];
-    let text = std::fs::read_to_string(&agent.config)
-        .unwrap()
-        .replace(
-            "cluster_size = 8\n",
-            &format!("cluster_size = 8\nmetrics = \"{METRICS}\"\n"),
-        )
-        .replace(
-            "[api]\n",
-            &format!("[api]\nheader_read_timeout_ms = {HEADER_TIMEOUT_MS}\n"),
-        );
-    std::fs::write(&agent.config, text).unwrap();
-    let log = std::fs::File::create(dir.join("node-a.log")).unwrap();
-    let child = Command::new("sh")
-        .arg("-c")
-        .arg("ulimit -n 1024 && exec \"$0\" agent --config \"$1\"")
-        .arg(common::shoal_bin())
-        .arg(&agent.config)
-        .env("SHOAL_LOG", "info")
-        .env_remove("SHOAL_SOCKET")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    agent.child = Some(child);
-    eventually(Duration::from_secs(20), "agent answers", || {
-        agent.get("/v1/agent/self").map(|_| ())
-    });
-    // 1024 - fd_reserve (256) - the metrics port's cap (64).
+    let pid = start_under_ulimit(agent, METRICS, "");
+    // The metrics port's cap (64) is taken out of the fd budget.
     let log_text = strip_ansi(&agent.log());
     assert!(log_text.contains("tcp_port_fds=64"), "{log_text}");
-    assert!(log_text.contains("max_connections=704"), "{log_text}");
     register_ready(agent, "web-1", "10.0.0.7:8080");
     let persisted_ok = metric_sum(
         &metrics_text(METRICS),
@@ -420,17 +392,7 @@ fn metrics_port_flood_is_capped_and_timed_out() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    let out = flood.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if let Some(i) = line.find("FLOOD ") {
-                if tx.send(line[i..].to_owned()).is_err() {
-                    return;
-                }
-            }
-        }
-    });
+    let rx = flood_lines(&mut flood);
     let opened = rx
         .recv_timeout(Duration::from_secs(60))
         .expect("flood opened");

@@ -10,6 +10,7 @@
 //! that owns the mesh), [`client`] (authority RPC), [`dev_authority`], [`listener`] (local socket connections),
 //! [`access`] (who may do what), [`api`], [`consul`] (a Consul-compatible read port), [`dns`]
 //! and [`dns_io`] (its sockets), [`tcp_http`] (HTTP on the capped TCP ports: Consul, `/metrics`),
+//! [`http1`] (one HTTP/1.1 connection, as the socket and the TCP ports serve it),
 //! [`health_endpoints`] (liveness, readiness), [`members_view`] (`/v1/agent/members` rows),
 //! [`probes`], [`metrics`], [`xds`] (opt-in xDS server).
 
@@ -27,6 +28,7 @@ pub mod dns_io;
 pub mod driver;
 pub mod failover;
 pub mod health_endpoints;
+pub mod http1;
 pub mod keys;
 pub mod listener;
 pub mod local_probes;

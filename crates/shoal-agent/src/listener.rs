@@ -25,12 +25,11 @@ use axum::body::Body;
 use axum::Router;
 use hyper::body::Incoming;
 use hyper::Request;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use metrics::{counter, gauge};
 use shoal_proto::rpc::LocalCaller;
 use tokio::net::UnixListener;
 
-use crate::access;
+use crate::{access, http1};
 
 /// Smallest total connection cap the agent runs with, whatever the fd limit says.
 pub const MIN_TOTAL_CONNECTIONS: usize = 16;
@@ -252,19 +251,9 @@ async fn serve_conn(
         let mut router = router.clone();
         async move { tower_service::Service::call(&mut router, req.map(Body::new)).await }
     });
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(cfg.header_read_timeout)
-        .max_buf_size(64 * 1024);
-    if let Err(e) = builder.serve_connection(TokioIo::new(stream), svc).await {
-        let why = if e.is_timeout() {
-            "header_timeout"
-        } else {
-            "error"
-        };
-        counter!("shoal_api_connections_closed_total", "why" => why).increment(1);
-        tracing::debug!(error = %e, why, "local API connection closed");
+    let closed = "shoal_api_connections_closed_total";
+    if let Some(c) = http1::serve_http1(stream, svc, cfg.header_read_timeout, closed).await {
+        tracing::debug!(error = %c.error, why = c.why, "local API connection closed");
     }
     drop(guard);
 }

@@ -11,14 +11,15 @@
 //! * **a header read timeout** (hyper's, with a tokio timer): a connection whose request head
 //!   does not arrive in time is closed, and so is an idle keep-alive connection between
 //!   requests (hyper restarts the timer when it waits for the next head). Counted in the
-//!   port's `closed_metric{why="header_timeout"}`.
+//!   port's `closed_metric{why="header_timeout"}` ([`crate::http1`], shared with the local
+//!   API's socket).
 
 use std::time::Duration;
 
 use axum::Router;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use metrics::counter;
 use shoal_transport::capped_accept::CappedListener;
+
+use crate::http1::serve_http1;
 
 /// Serves `router` on every connection `listener` admits, closing a connection whose request
 /// head does not arrive within `header_read_timeout` (idle keep-alive included); connections
@@ -42,19 +43,7 @@ pub async fn serve(
                             .await
                     }
                 });
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(header_read_timeout)
-                .max_buf_size(64 * 1024);
-            if let Err(e) = builder.serve_connection(TokioIo::new(stream), svc).await {
-                let why = if e.is_timeout() {
-                    "header_timeout"
-                } else {
-                    "error"
-                };
-                counter!(closed_metric, "why" => why).increment(1);
-            }
+            let _ = serve_http1(stream, svc, header_read_timeout, closed_metric).await;
             drop(permit);
         });
     }

@@ -319,6 +319,8 @@ pub fn restore_snapshot(
         SNAPSHOT_FILE,
         AUDIT_FILE,
         crate::network::CLUSTER_ID_FILE,
+        // Names a checkpoint entry of the old log by index (docs/adr/0024).
+        crate::lease_clock::LEASE_CLOCK_FILE,
     ]
     .iter()
     .filter(|f| data_dir.join(f).exists())

@@ -8,6 +8,9 @@
 //! - [`backup`]: the data-directory lock, `snapshot save` and `snapshot restore`.
 //! - [`storage`]: fsync'd, checksummed log/vote files and snapshots; torn or corrupt files
 //!   are refused.
+//! - [`lease_clock`], [`host_clock`]: when this host first applied the latest lease
+//!   checkpoint, on the host's monotonic clock, kept across restarts of the replica
+//!   (docs/adr/0024-lease-credit-across-process-restarts.md).
 //! - [`audit_file`]: the replica's `audit.log` writer (a failed append is kept and written
 //!   later, or named by an `audit_gap` line; never dropped silently).
 //! - [`network`]: Raft RPCs over a dedicated transport, correlated by id, bounded, with
@@ -26,6 +29,8 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod files;
+pub mod host_clock;
+pub mod lease_clock;
 pub mod member;
 pub mod metrics_describe;
 pub mod network;

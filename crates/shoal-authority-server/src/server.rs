@@ -107,8 +107,9 @@ pub struct Replica {
     expire_busy: AtomicBool,
     /// Monotonic ms of the last `ExpireLeases` proposal (the lease checkpoint cadence).
     last_checkpoint_ms: AtomicU64,
-    /// The term this replica last saw itself leader of, and since when.
-    leader_since: std::sync::Mutex<Option<(u64, Instant)>>,
+    /// The term this replica last saw itself leader of, since when, and its last log index
+    /// then (what the takeover waits to have applied).
+    leader_since: std::sync::Mutex<Option<(u64, Instant, Option<u64>)>>,
     member: Option<MemberHandle>,
     /// Cross-region duties: global policy checks, remote summaries (ADR 0013).
     regions: Arc<crate::regions::Regions>,

@@ -46,6 +46,8 @@ use tokio::sync::mpsc;
 
 use crate::audit_file::AuditFile;
 use crate::files::{self, FileError};
+use crate::host_clock::{HostClock, HostInstant, WallClock};
+use crate::lease_clock::LeaseClock;
 use crate::types::{
     ApplyOutcome, Entry, LogId, Member, RaftId, SnapshotMeta, StorageError, StoredMembership,
     TypeConfig, Vote,
@@ -468,11 +470,47 @@ struct SmInner {
     audit_high_water: u64,
     applied_tx: Option<mpsc::Sender<Applied>>,
     applied_dropped: u64,
-    /// The state's lease checkpoint counter and when this replica applied it (or loaded it:
-    /// later than the real apply, so credits measured from it are never too large).
-    /// The third field is the checkpoint entry's proposal wall time (Unix ms; 0 when it came
-    /// from a snapshot, where it is unknown).
-    checkpoint_applied: (u64, std::time::Instant, u64),
+    /// The latest lease checkpoint this replica applied, and when (see
+    /// [`StateMachineStore::lease_credit`]).
+    checkpoint_applied: CheckpointSeen,
+    /// When this host first applied the latest checkpoint entry, kept across restarts.
+    lease_clock: LeaseClock,
+}
+
+/// The latest lease checkpoint a replica applied, and the clocks a new leader measures the
+/// time since it on (docs/adr/0008-lease-checkpoints.md, docs/adr/0024).
+#[derive(Clone, Debug)]
+struct CheckpointSeen {
+    /// The state's lease checkpoint counter.
+    checkpoint: u64,
+    /// When this process applied it (or loaded it: later than the real apply, so credits
+    /// measured from it are never too large).
+    at: std::time::Instant,
+    /// The checkpoint entry's proposal wall time (Unix ms; 0 when unknown: a checkpoint that
+    /// came in a snapshot this host has no record of).
+    proposed_wall_ms: u64,
+    /// Wall-clock ms from the proposal to `at` (0 when unknown).
+    lag_ms: u64,
+    /// When this host first applied the entry, possibly in an earlier process of this
+    /// replica, and the wall-clock lag from the proposal to then; `None` when unknown (no
+    /// host clock, a snapshot this host has no record of).
+    host: Option<(HostInstant, u64)>,
+}
+
+impl CheckpointSeen {
+    /// Checkpoint `checkpoint` as found in a state loaded from a snapshot up to
+    /// `upto_index` (open, install): known to the host clock only if this host recorded
+    /// applying it.
+    fn loaded(checkpoint: u64, upto_index: u64, clock: &LeaseClock) -> Self {
+        let rec = clock.covered(checkpoint, upto_index);
+        Self {
+            checkpoint,
+            at: std::time::Instant::now(),
+            proposed_wall_ms: rec.map_or(0, |r| r.proposed_wall_ms),
+            lag_ms: 0,
+            host: rec.map(|r| (r.applied.clone(), r.lag_ms)),
+        }
+    }
 }
 
 /// The authority state machine: [`AuthorityState`] driven by committed entries, plus the
@@ -497,6 +535,22 @@ impl StateMachineStore {
         signing_key: SigningKey,
         applied_tx: Option<mpsc::Sender<Applied>>,
     ) -> Result<Self, FileError> {
+        let clocks = (
+            HostInstant::now as HostClock,
+            crate::server::wall_ms as WallClock,
+        );
+        Self::open_with_clocks(dir, region, signing_key, applied_tx, clocks)
+    }
+
+    /// [`StateMachineStore::open`] with the host and wall clocks lease credits are measured
+    /// on (tests pass fixed ones).
+    fn open_with_clocks(
+        dir: &Path,
+        region: Region,
+        signing_key: SigningKey,
+        applied_tx: Option<mpsc::Sender<Applied>>,
+        (host_clock, wall_clock): (HostClock, WallClock),
+    ) -> Result<Self, FileError> {
         shoal_transport::keyfile::ensure_private_dir(dir)
             .map_err(|e| FileError::io(dir, e.into()))?;
         let (snapshot, state) = match StoredSnapshot::read(&dir.join(SNAPSHOT_FILE))? {
@@ -511,6 +565,7 @@ impl StateMachineStore {
         }
         let (audit, audit_high_water) = AuditFile::open(&dir.join(AUDIT_FILE))?;
         let checkpoint = state.lease_checkpoint();
+        let lease_clock = LeaseClock::open(dir, host_clock, wall_clock);
         let (last_applied, last_membership) = match &snapshot {
             Some(s) => (s.meta.last_log_id, s.meta.last_membership.clone()),
             None => (None, StoredMembership::default()),
@@ -526,7 +581,12 @@ impl StateMachineStore {
             audit_high_water,
             applied_tx,
             applied_dropped: 0,
-            checkpoint_applied: (checkpoint, std::time::Instant::now(), 0),
+            checkpoint_applied: CheckpointSeen::loaded(
+                checkpoint,
+                last_applied.map_or(0, |l| l.index),
+                &lease_clock,
+            ),
+            lease_clock,
         };
         // The snapshot may cover entries this replica never wrote to audit.log (appends that
         // failed, then a snapshot and a restart): openraft re-applies only the log above the
@@ -587,11 +647,18 @@ impl StateMachineStore {
     /// The latest lease checkpoint this replica applied and how long ago (what a new leader
     /// credits in its `LeaderTakeover`, docs/adr/0008-lease-checkpoints.md).
     ///
-    /// The elapsed time is the larger of (a) this process's monotonic time since it applied the
-    /// checkpoint and (b) the wall-clock time since the checkpoint was *proposed*, minus
-    /// `skew_ms` (the clock skew assumed between replicas) and capped at `cap_ms` (what a
-    /// forward wall-clock step may cost). (b) matters for a process restarted since: its
-    /// monotonic clock cannot measure across its own restart. `now_wall_ms` is Unix ms.
+    /// The elapsed time is the largest of
+    /// (a) this process's monotonic time since it applied the checkpoint;
+    /// (b) the host's monotonic time since this replica's host first applied it, possibly in
+    /// an earlier process of this replica (docs/adr/0024): a process restarted since the
+    /// checkpoint, which (a) measures only from its replay of the log, still measures the
+    /// whole time;
+    /// (c) the wall-clock time since the checkpoint was *proposed*.
+    /// Wall-clock times (all of (c), and in (a) and (b) the lag from the proposal to the apply
+    /// they start at, which a replica catching up has) count less `skew_ms` (the clock skew
+    /// assumed between replicas) and at most `cap_ms` (what a forward wall-clock step may
+    /// cost). So each measure starts at the proposal and none exceeds the real time since.
+    /// `now_wall_ms` is Unix ms.
     pub fn lease_credit(
         &self,
         now_wall_ms: u64,
@@ -599,19 +666,27 @@ impl StateMachineStore {
         cap_ms: u64,
     ) -> shoal_authority::LeaseCredit {
         let g = self.inner.lock().expect("sm lock");
-        let (checkpoint, at, proposed_wall) = g.checkpoint_applied;
-        let mono = at.elapsed().as_millis() as u64;
-        let wall = if proposed_wall == 0 {
-            0
-        } else {
-            now_wall_ms
-                .saturating_sub(proposed_wall)
-                .saturating_sub(skew_ms)
-                .min(cap_ms)
+        let seen = &g.checkpoint_applied;
+        let by_wall = |ms: u64| {
+            if seen.proposed_wall_ms == 0 {
+                0
+            } else {
+                ms.saturating_sub(skew_ms).min(cap_ms)
+            }
         };
+        let mono = (seen.at.elapsed().as_millis() as u64).saturating_add(by_wall(seen.lag_ms));
+        let host = seen
+            .host
+            .as_ref()
+            .and_then(|(first, lag)| {
+                let since = g.lease_clock.now()?.ms_since(first)?;
+                Some(since.saturating_add(by_wall(*lag)))
+            })
+            .unwrap_or(0);
+        let wall = by_wall(now_wall_ms.saturating_sub(seen.proposed_wall_ms));
         shoal_authority::LeaseCredit {
-            checkpoint,
-            elapsed_ms: mono.max(wall),
+            checkpoint: seen.checkpoint,
+            elapsed_ms: mono.max(host).max(wall),
         }
     }
 
@@ -642,7 +717,7 @@ impl SmInner {
         let out = self
             .state
             .apply_on_behalf(proposal.cmd, ctx, proposal.on_behalf_of);
-        self.note_checkpoint(proposal.proposed_at_ms);
+        self.note_checkpoint(entry.log_id.index, proposal.proposed_at_ms);
         self.write_audit(before, entry.log_id.index);
         if let Ok(records) = &out {
             self.publish(entry.log_id.index, records);
@@ -669,10 +744,18 @@ impl SmInner {
             .append(format!("{line}\n"), Some((log_index, log_index)));
     }
 
-    fn note_checkpoint(&mut self, proposed_wall_ms: u64) {
+    /// Notes a new checkpoint counter after applying entry `log_index` (proposed at
+    /// `proposed_wall_ms`).
+    fn note_checkpoint(&mut self, log_index: u64, proposed_wall_ms: u64) {
         let cp = self.state.lease_checkpoint();
-        if cp != self.checkpoint_applied.0 {
-            self.checkpoint_applied = (cp, std::time::Instant::now(), proposed_wall_ms);
+        if cp != self.checkpoint_applied.checkpoint {
+            self.checkpoint_applied = CheckpointSeen {
+                checkpoint: cp,
+                at: std::time::Instant::now(),
+                proposed_wall_ms,
+                lag_ms: self.lease_clock.lag_ms(proposed_wall_ms),
+                host: self.lease_clock.applied(cp, log_index, proposed_wall_ms),
+            };
         }
     }
 
@@ -832,8 +915,12 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         g.state = state;
         g.last_applied = meta.last_log_id;
         g.last_membership = meta.last_membership.clone();
-        g.audit_snapshot_entries(meta.last_log_id.map_or(0, |l| l.index));
-        g.note_checkpoint(0);
+        let upto = meta.last_log_id.map_or(0, |l| l.index);
+        g.audit_snapshot_entries(upto);
+        if g.state.lease_checkpoint() != g.checkpoint_applied.checkpoint {
+            g.checkpoint_applied =
+                CheckpointSeen::loaded(g.state.lease_checkpoint(), upto, &g.lease_clock);
+        }
         g.snapshot = Some(snap);
         Ok(())
     }
@@ -973,6 +1060,120 @@ mod tests {
         let mut sm = open();
         sm.apply((8..=9).map(takeover)).await.unwrap();
         assert_eq!(audited(dir), [1, 2, 3, 4, 5, 6, 7, 8, 9]);
+    }
+
+    /// The fixed host clock of `a_restarted_replica_credits_the_time_since_its_host_first_applied_the_checkpoint`.
+    static HOST_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    static HOST_BOOT: Mutex<&str> = Mutex::new("boot-a");
+    static WALL_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+    fn test_wall_clock() -> u64 {
+        WALL_MS.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn test_host_clock() -> Option<HostInstant> {
+        Some(HostInstant {
+            boot: (*HOST_BOOT.lock().unwrap()).to_owned(),
+            ms: HOST_MS.load(std::sync::atomic::Ordering::SeqCst),
+        })
+    }
+
+    /// ADR 0024: a replica's process restarted since it applied the latest lease checkpoint
+    /// credits, as a new leader, the whole time since its host first applied it, not only the
+    /// time since the restart replayed the log (before: a restarted leader after a long
+    /// election forgot the rest beyond the wall-clock cap, and a dead node's records expired
+    /// that much later). Replaying older checkpoints keeps the record of the newest; a state
+    /// loaded from a snapshot that holds the recorded checkpoint uses it too; another boot's
+    /// record, or none, credits only the time since this process's replay. A replica that
+    /// applies the checkpoint late (catching up) adds the wall-clock lag less the skew.
+    /// Deterministic: fixed host and wall clocks (this process's own `Instant` measures
+    /// milliseconds, far below them), and no wall-clock credit past the checkpoint's
+    /// proposal (`now_wall_ms` is the proposal time).
+    #[tokio::test]
+    async fn a_restarted_replica_credits_the_time_since_its_host_first_applied_the_checkpoint() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let region: Region = "test-1".parse().unwrap();
+        let key = SigningKey::from_seed([4; 32]);
+        let open = || {
+            StateMachineStore::open_with_clocks(
+                dir,
+                region.clone(),
+                key.clone(),
+                None,
+                (test_host_clock, test_wall_clock),
+            )
+            .unwrap()
+        };
+        let credit = |sm: &StateMachineStore| sm.lease_credit(1_000 + 2, 250, 4_000);
+
+        // Entry i is proposed at wall time 1_000 + i; replicas apply at once (no lag).
+        WALL_MS.store(1_002, SeqCst);
+        HOST_MS.store(100_000, SeqCst);
+        let mut sm = open();
+        sm.apply([takeover(1), takeover(2)]).await.unwrap();
+        let cp = sm.with_state(|s| s.lease_checkpoint());
+        assert_eq!(mode(&dir.join(crate::lease_clock::LEASE_CLOCK_FILE)), 0o600);
+        drop(sm);
+
+        // The process restarts 3 s later and replays its log; 4 s after that it is leader.
+        HOST_MS.store(103_000, SeqCst);
+        let mut sm = open();
+        sm.apply([takeover(1), takeover(2)]).await.unwrap();
+        HOST_MS.store(107_000, SeqCst);
+        let c = credit(&sm);
+        assert_eq!((c.checkpoint, c.elapsed_ms), (cp, 7_000));
+
+        // A snapshot holding that checkpoint, then a restart with nothing to replay.
+        sm.get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        drop(sm);
+        HOST_MS.store(109_000, SeqCst);
+        let sm = open();
+        assert_eq!(
+            credit(&sm).elapsed_ms,
+            9_000,
+            "from the snapshot's checkpoint"
+        );
+        drop(sm);
+
+        // A newer checkpoint is recorded at its own first apply.
+        let mut sm = open();
+        sm.apply([takeover(3)]).await.unwrap();
+        HOST_MS.store(110_000, SeqCst);
+        let c = credit(&sm);
+        assert_eq!((c.checkpoint, c.elapsed_ms), (cp + 1, 1_000));
+        drop(sm);
+
+        // Another boot: the record does not compare (naively it would give 92 s); the replay
+        // in this boot is the first apply it knows.
+        *HOST_BOOT.lock().unwrap() = "boot-b";
+        HOST_MS.store(200_000, SeqCst);
+        let mut sm = open();
+        sm.apply([takeover(3)]).await.unwrap();
+        HOST_MS.store(201_000, SeqCst);
+        assert_eq!(credit(&sm).elapsed_ms, 1_000);
+        drop(sm);
+
+        // No record at all (a data dir from before ADR 0024): the same.
+        std::fs::remove_file(dir.join(crate::lease_clock::LEASE_CLOCK_FILE)).unwrap();
+        HOST_MS.store(300_000, SeqCst);
+        let mut sm = open();
+        sm.apply([takeover(3)]).await.unwrap();
+        HOST_MS.store(301_500, SeqCst);
+        assert_eq!(credit(&sm).elapsed_ms, 1_500);
+
+        // A replica catching up applies a checkpoint 1.5 s (wall clock) after its proposal:
+        // that lag counts less the 250 ms skew, then the host clock runs.
+        WALL_MS.store(1_004 + 1_500, SeqCst);
+        sm.apply([takeover(4)]).await.unwrap();
+        HOST_MS.store(304_500, SeqCst);
+        let c = credit(&sm);
+        assert_eq!((c.checkpoint, c.elapsed_ms), (cp + 2, 3_000 + 1_250));
     }
 
     /// `snapshot save --data-dir <typo>` must not create the directory (nor a lock file in it).

@@ -116,14 +116,32 @@ impl Agent {
     }
 
     pub fn start(&mut self) {
+        self.spawn(Command::new(shoal_bin()).args(["agent", "--config"]));
+    }
+
+    /// As [`Agent::start`], under `ulimit -n <nofile>` (soft and hard, set by `sh`, which
+    /// then execs the agent). Returns the agent's pid.
+    pub fn start_with_nofile(&mut self, nofile: u64) -> u32 {
+        self.spawn(
+            Command::new("sh")
+                .arg("-c")
+                .arg(format!(
+                    "ulimit -n {nofile} && exec \"$0\" agent --config \"$1\""
+                ))
+                .arg(shoal_bin()),
+        );
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// Runs `cmd` with the config path appended, logging to `<dir>/<name>.log`.
+    fn spawn(&mut self, cmd: &mut Command) {
         assert!(self.child.is_none(), "{} already running", self.name);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.dir.join(format!("{}.log", self.name)))
             .unwrap();
-        let child = Command::new(shoal_bin())
-            .args(["agent", "--config"])
+        let child = cmd
             .arg(&self.config)
             .env("SHOAL_LOG", "info,shoal_transport=debug")
             .env_remove("SHOAL_SOCKET")

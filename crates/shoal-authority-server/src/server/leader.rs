@@ -129,24 +129,26 @@ impl Replica {
             }
             let term = m.current_term;
             if self.takeover_term.load(Ordering::Acquire) < term {
-                // Apply everything in the log first, so the lease credit refers to the latest
-                // checkpoint (a credit for an older one is ignored by the rules), but wait at
-                // most one election timeout: a leader that restarted into its old term has
-                // nothing committed until it proposes, and its takeover commits the rest.
+                // Apply the log this replica held when it became leader of `term` first, so the
+                // lease credit refers to the checkpoint the takeover will follow (a credit for
+                // an older one credits nothing). That log ends with an entry of `term` (the
+                // blank entry of the election, or, for a process that restarted into its old
+                // term, openraft 0.9 resuming its committed vote, the previous process's
+                // entries of the term), which commits without a new proposal once a quorum
+                // holds it. Waiting only one election timeout, a resumed leader whose
+                // followers were slow to answer proposed with nothing applied and its takeover
+                // forgot the time since the latest checkpoint (docs/adr/0024); past
+                // `write_timeout_ms` it proposes anyway (the takeover commits the rest).
                 let applied = m.last_applied.map(|l| l.index);
-                let since = *self
-                    .leader_since
-                    .lock()
-                    .expect("leader_since")
-                    .get_or_insert((term, Instant::now()));
-                let waited = if since.0 == term {
-                    since.1.elapsed()
-                } else {
-                    *self.leader_since.lock().expect("leader_since") = Some((term, Instant::now()));
-                    Duration::ZERO
+                let since = {
+                    let mut g = self.leader_since.lock().expect("leader_since");
+                    match *g {
+                        Some(s) if s.0 == term => s,
+                        _ => *g.insert((term, Instant::now(), m.last_log_index)),
+                    }
                 };
-                if applied < m.last_log_index
-                    && waited < Duration::from_millis(self.cfg.election_timeout_ms)
+                if applied < since.2
+                    && since.1.elapsed() < Duration::from_millis(self.cfg.write_timeout_ms)
                 {
                     continue;
                 }
@@ -159,13 +161,28 @@ impl Replica {
                     // elections (docs/adr/0008-lease-checkpoints.md).
                     let cap = this.cfg.lease_checkpoint_ms + 4 * this.cfg.election_timeout_ms;
                     let credit = Some(this.sm.lease_credit(wall_ms(), LEASE_CREDIT_SKEW_MS, cap));
+                    let (credit_checkpoint, credit_ms) =
+                        credit.map_or((0, 0), |c| (c.checkpoint, c.elapsed_ms));
+                    tracing::info!(
+                        term,
+                        now_ms,
+                        credit_checkpoint,
+                        credit_ms,
+                        "leader takeover proposed"
+                    );
                     match this
                         .write(AuthorityCommand::LeaderTakeover { now_ms, credit }, None)
                         .await
                     {
                         Ok(_) => {
                             this.takeover_done.fetch_max(term, Ordering::AcqRel);
-                            tracing::info!(term, now_ms, "leader takeover committed");
+                            tracing::info!(
+                                term,
+                                now_ms,
+                                credit_checkpoint,
+                                credit_ms,
+                                "leader takeover committed"
+                            );
                         }
                         Err(e) => {
                             tracing::warn!(term, error = %e, "leader takeover not committed");

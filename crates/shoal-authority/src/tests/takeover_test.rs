@@ -197,3 +197,94 @@ fn a_takeover_credits_only_the_latest_checkpoint_and_only_nodes_it_counted() {
     assert_eq!(h.state.downtime_ms(&node_id(0), 900), Some(14_000));
     h.state.check_invariants().unwrap();
 }
+
+/// How a new leader measures the time since the latest checkpoint in [`churn_with_doomed`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Measure {
+    /// The real time since the checkpoint was applied: a process alive since, or one
+    /// restarted since that reads its host's monotonic clock (docs/adr/0024).
+    Exact,
+    /// At most `CAP` ms: a process restarted since, measuring only by wall clock, as every
+    /// new leader of the real-process churn test is before ADR 0024.
+    Capped,
+}
+
+/// Virtual-time model of leader churn in which leaders die before their takeover commits
+/// (issue: "8 leader kills, 4 takeovers committed"): node-0 goes down at real time 0; a
+/// leader whose takeover committed checkpoints every `CHECKPOINT` ms (applied `COMMIT` ms
+/// later); every lease/10 it dies, and the next `DOOMED` leaders are each elected `ELECTION`
+/// ms after the previous death and die `DOOMED_LIFE` ms later with nothing committed (their
+/// takeover is lost); the one after them takes over with a credit measured as `measure` says.
+/// Returns the real time at which the record expired.
+fn churn_with_doomed(measure: Measure) -> u64 {
+    const CHECKPOINT: u64 = 2_000;
+    const COMMIT: u64 = 50;
+    const ELECTION: u64 = 1_500;
+    const DOOMED: u64 = 3;
+    const DOOMED_LIFE: u64 = 1_000;
+    // lease_checkpoint_ms + 4 x election_timeout_ms with the defaults (2 s, 1.5 s).
+    const CAP: u64 = 8_000;
+    let mut h = Harness::new();
+    h.apply(h.register(0, "a-1")).unwrap();
+    // Every leader's clock reads far from the others' (offset by its number of hours).
+    let mut leader = 0u64;
+    let clock = |l: u64, t: u64| l * 3_600_000 + t;
+    h.apply(takeover(clock(0, 0))).unwrap();
+    h.apply(down(0, clock(0, 0))).unwrap();
+    let mut applied: (u64, u64) = (h.state.lease_checkpoint(), 0);
+    let mut t = 0u64;
+    let mut next_death = LEASE / 10;
+    loop {
+        t += CHECKPOINT;
+        if t + COMMIT > next_death {
+            let take_at = next_death + (DOOMED + 1) * ELECTION + DOOMED * DOOMED_LIFE;
+            leader += DOOMED + 1;
+            let real = take_at - applied.1;
+            let elapsed_ms = match measure {
+                Measure::Exact => real,
+                Measure::Capped => real.min(CAP),
+            };
+            h.apply(AuthorityCommand::LeaderTakeover {
+                now_ms: clock(leader, take_at),
+                credit: Some(crate::LeaseCredit {
+                    checkpoint: applied.0,
+                    elapsed_ms,
+                }),
+            })
+            .unwrap();
+            applied = (h.state.lease_checkpoint(), take_at + COMMIT);
+            t = take_at;
+            next_death = take_at + LEASE / 10;
+            continue;
+        }
+        let out = h.apply(expire(clock(leader, t))).unwrap();
+        applied = (h.state.lease_checkpoint(), t + COMMIT);
+        if !out.is_empty() {
+            assert_eq!(out[0].record.state, Expired);
+            return t;
+        }
+        assert!(t < 10 * LEASE, "never expired");
+    }
+}
+
+#[test]
+fn leaders_killed_before_their_takeover_commits_do_not_postpone_expiry() {
+    // With the time measured, a leader that died before its takeover committed changed
+    // nothing: the next takeover credits the whole gap. Grace: one such gap (the deadline
+    // may fall in it: 4 elections and 3 doomed lives), one checkpoint interval, and the
+    // commit latency each takeover forgets (at most 10 of them).
+    let exact = churn_with_doomed(Measure::Exact);
+    let grace = 4 * 1_500 + 3 * 1_000 + 2_000 + 10 * 50;
+    assert!(exact >= LEASE, "expired early at {exact}");
+    assert!(
+        exact <= LEASE + grace,
+        "expired at {exact} ms, lease {LEASE} + grace {grace}"
+    );
+    // A credit capped below the gap (a restarted leader before ADR 0024) forgets the rest
+    // of every gap: expiry slips by a few seconds per churn episode, past the grace.
+    let capped = churn_with_doomed(Measure::Capped);
+    assert!(capped > LEASE + grace, "capped credit expired at {capped}");
+    eprintln!(
+        "lease {LEASE} ms, doomed leaders: expired at {exact} ms measured, {capped} ms capped"
+    );
+}
