@@ -22,6 +22,20 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// `shoal certs node --node-id ID --region eu --out OUT`.
+fn node_args<'a>(id: &'a str, out: &'a str) -> [&'a str; 8] {
+    [
+        "certs",
+        "node",
+        "--node-id",
+        id,
+        "--region",
+        "eu",
+        "--out",
+        out,
+    ]
+}
+
 #[test]
 fn keygen_and_certs_write_private_files_and_refuse_to_overwrite() {
     let tmp = tempfile::tempdir().unwrap();
@@ -65,16 +79,7 @@ fn keygen_and_certs_write_private_files_and_refuse_to_overwrite() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("eu-ca.pem"), "{}", stderr(&o));
 
-    let node = [
-        "certs",
-        "node",
-        "--node-id",
-        "n1",
-        "--region",
-        "eu",
-        "--out",
-        out_s,
-    ];
+    let node = node_args("n1", out_s);
     let o = shoal(&node);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(mode(&out.join("eu-node-n1-key.pem")), 0o600);
@@ -95,16 +100,7 @@ fn keygen_and_certs_write_private_files_and_refuse_to_overwrite() {
         std::fs::Permissions::from_mode(0o644),
     )
     .unwrap();
-    let o = shoal(&[
-        "certs",
-        "node",
-        "--node-id",
-        "n2",
-        "--region",
-        "eu",
-        "--out",
-        out_s,
-    ]);
+    let o = shoal(&node_args("n2", out_s));
     assert!(!o.status.success());
     assert!(
         stderr(&o).contains("eu-ca-key.pem") && stderr(&o).contains("chmod 600"),
@@ -153,16 +149,7 @@ fn certs_and_keygen_warn_about_an_output_dir_others_can_write() {
         assert!(e.contains("0777"), "{e}");
     };
     warned(&shoal(&["certs", "ca", "--region", "eu", "--out", open_s]));
-    warned(&shoal(&[
-        "certs",
-        "node",
-        "--node-id",
-        "n1",
-        "--region",
-        "eu",
-        "--out",
-        open_s,
-    ]));
+    warned(&shoal(&node_args("n1", open_s)));
     let key = open.join("region.key");
     warned(&shoal(&[
         "authority",

@@ -24,7 +24,7 @@
 //! (<https://www.envoyproxy.io/docs/envoy/latest/intro/arch_overview/upstream/load_balancing/priority>;
 //! Envoy's default is 140). Absent: fail over only when the region has no routable endpoint.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Subcommand;
@@ -221,7 +221,7 @@ pub const MAX_SIGNED_POLICY_BYTES: u64 = shoal_proto::envelope::MAX_STREAM_MESSA
 /// bytes of that encoding.
 pub const MAX_POLICY_DOCUMENT_BYTES: u64 = 16 << 20;
 
-fn read_signed(path: &PathBuf) -> anyhow::Result<SignedGlobalPolicy> {
+fn read_signed(path: &Path) -> anyhow::Result<SignedGlobalPolicy> {
     let bytes = keyfile::read_bounded(path, MAX_SIGNED_POLICY_BYTES)
         .with_context(|| format!("reading {}", path.display()))?;
     postcard::from_bytes(&bytes).with_context(|| format!("{}: not a signed policy", path.display()))

@@ -204,10 +204,10 @@ impl Replica {
         )?);
 
         let raft_addr = crate::config::resolve_now(&me.raft_addr)?;
-        let (raft_t, raft_in) =
-            Transport::bind(transport_config(raft_addr, &tls)).with_context(|| {
-                format!("binding the raft listener (members[].raft_addr) on {raft_addr}")
-            })?;
+        // `{e}`, not a context: the transport error names the address, and its `source()`
+        // would print the OS error a second time.
+        let (raft_t, raft_in) = Transport::bind(transport_config(raft_addr, &tls))
+            .map_err(|e| anyhow::anyhow!("binding the raft listener (members[].raft_addr): {e}"))?;
         if raft_t.identity().node_id.as_str() != me.node {
             anyhow::bail!(
                 "certificate node id {} does not match members[].node {}",
@@ -216,10 +216,11 @@ impl Replica {
             );
         }
         let rpc_addr = crate::config::resolve_now(&me.rpc_addr)?;
-        let (rpc_t, rpc_in) =
-            Transport::bind(transport_config(rpc_addr, &tls)).with_context(|| {
-                format!("binding the agent API listener (members[].rpc_addr) on {rpc_addr}")
-            })?;
+        // `{e}`, not a context: the transport error names the address, and its `source()`
+        // would print the OS error a second time.
+        let (rpc_t, rpc_in) = Transport::bind(transport_config(rpc_addr, &tls)).map_err(|e| {
+            anyhow::anyhow!("binding the agent API listener (members[].rpc_addr): {e}")
+        })?;
         let raft_rpc = RaftRpc::new(raft_t);
         let (sm_view, log_view) = (sm.clone(), log.clone());
         raft_rpc.set_cluster_source(
