@@ -7,6 +7,12 @@
 #   deploy/local-agents.sh stop [DIR]     stop the agents this script started (SIGTERM: graceful
 #                                         leave; SIGKILL after 10 s)
 #
+# DIR holds the CA and node keys, the configs and the agents' sockets, so it must be yours alone:
+# a missing DIR is created with mode 0700; an existing one is refused (before anything is read,
+# written or signalled) unless it is a directory owned by the current user that group and others
+# cannot write, with nothing in it owned by another user or writable by group or others (a
+# predictable /tmp path could have been made by another local user, with their own CA and keys).
+#
 # Refuses to start while an agent it started in DIR still runs. Each pid file holds the pid of a
 # process that was verified to be `shoal agent --config DIR/<node>.toml`; `stop` checks that again
 # before signalling, so a reused pid is never killed.
@@ -21,6 +27,30 @@ ours() {
   [[ $pid =~ ^[0-9]+$ ]] || return 1
   { tr '\0' ' ' < "/proc/$pid/cmdline"; } 2>/dev/null | grep -q -- "agent --config $DIR/$name.toml" || return 1
   echo "$pid"
+}
+
+# refuse MESSAGE...: the reason on stderr, exit 1.
+refuse() {
+  printf 'local-agents.sh: refusing %s: %s\n' "$DIR" "$*" >&2
+  exit 1
+}
+
+# check_dir: DIR (as given, and as resolved) is a directory of the current user that group and
+# others cannot write, and nothing under it belongs to another user or is writable by group or
+# others (sockets and symlinks: owner only; their mode bits grant no write to the name).
+check_dir() {
+  local me owner mode bad path
+  me=$(id -u)
+  for path in "$DIR" "$(cd -P -- "$DIR" 2>/dev/null && pwd)"; do
+    [[ -n $path ]] || refuse "cannot enter it"
+    [[ -d $path ]] || refuse "not a directory"
+    owner=$(stat -c %u -- "$path"); mode=$(stat -c %a -- "$path")
+    [[ $owner == "$me" ]] || refuse "$path is owned by uid $owner ($(stat -c %U -- "$path")), not by you (uid $me); another user could have put their own CA and keys in it or replace the agents' sockets. Remove it or pass a directory of your own: $0 [N] DIR"
+    (( (8#$mode & 8#022) == 0 )) || refuse "$path has mode $mode, writable by group or others; run: chmod 700 $path"
+  done
+  bad=$(find "$DIR/" -mindepth 1 \( ! -user "$me" -o \( ! -type s ! -type l -perm /022 \) \)     -printf '  %p (owner %u, mode %m)\n' 2>&1 | head -5)
+  [[ -z $bad ]] || refuse "files in it belong to another user or are writable by group or others (keys, configs and sockets must be yours alone); remove them or the directory:
+$bad"
 }
 
 stop_all() {
@@ -44,14 +74,21 @@ stop_all() {
 
 if [[ "${1:-}" == stop ]]; then
   DIR=${2:-/tmp/shoal-local}
+  [[ -e $DIR || -L $DIR ]] || { echo "no agents of $DIR running"; exit 0; }
+  check_dir
   stop_all
   exit 0
 fi
 N=${1:-3}
 DIR=${2:-/tmp/shoal-local}
 [[ -x $SHOAL ]] || { echo "build first: cargo build --release -p shoal-cli" >&2; exit 1; }
-mkdir -p "$DIR"
-DIR=$(cd "$DIR" && pwd)
+if [[ ! -e $DIR && ! -L $DIR ]]; then
+  mkdir -p -- "$(dirname -- "$DIR")"
+  # Not -p: if someone else made it meanwhile, mkdir fails and check_dir judges theirs.
+  mkdir -m 0700 -- "$DIR" 2>/dev/null || true
+fi
+check_dir
+DIR=$(cd -P -- "$DIR" && pwd)
 for p in "$DIR"/*.pid; do
   if pid=$(ours "$p"); then
     echo "agents already run in $DIR (pid $pid, $(basename "$p" .pid)); run: $0 stop $DIR" >&2

@@ -155,7 +155,10 @@ echo "[$(date +%T)] drain $drain_inst: $out"
 sleep 8
 
 kill_inst=$(pick_r1 "$drain_inst")
-kill -KILL "${BPID[$kill_inst]}"; event kill_backend ",\"instance\":\"$kill_inst\",\"address\":\"${BADDR[$kill_inst]}\""
+# Reap the killed backend inside the redirect: otherwise bash reports the deliberate kill as
+# `line N: PID Killed "$DEMO" backend ...` on stderr. A failed kill still stops the script.
+{ kill -KILL "${BPID[$kill_inst]}" && { wait "${BPID[$kill_inst]}" || true; }; } 2>/dev/null
+event kill_backend ",\"instance\":\"$kill_inst\",\"address\":\"${BADDR[$kill_inst]}\""
 unset "BPID[$kill_inst]"
 sleep "$KILL_WAIT_S"
 

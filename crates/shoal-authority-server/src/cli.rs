@@ -290,11 +290,31 @@ pub fn init_tracing() {
         .try_init();
 }
 
+/// Initialises `tracing` for a short command (everything but `run`): warnings on stderr
+/// (`RUST_LOG` may ask for more), one plain line each without timestamps, so that a library's
+/// `tracing::warn!` reaches the operator; e.g. `keygen` and `shoal certs` warn about an output
+/// directory that group or others can write (`shoal_transport::keyfile::ensure_dir`).
+/// Idempotent; a subscriber installed before wins.
+pub fn init_cli_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .without_time()
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
 /// Runs an authority subcommand.
 ///
 /// # Errors
 /// Whatever the command fails with, with context.
 pub async fn run(cmd: AuthorityCmd) -> anyhow::Result<()> {
+    if !matches!(cmd, AuthorityCmd::Run { .. }) {
+        init_cli_tracing();
+    }
     match cmd {
         AuthorityCmd::Run { config } => {
             init_tracing();

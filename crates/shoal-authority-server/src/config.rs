@@ -287,14 +287,20 @@ fn d_max_inflight() -> usize {
     1_024
 }
 
+/// Largest `authority.toml` read (1 MiB; a real one is a few KiB even with a long
+/// `operators` list).
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
 impl AuthorityConfig {
     /// Reads and validates a config file.
     ///
     /// # Errors
     /// Unreadable file, bad TOML, or a failed [`AuthorityConfig::validate`].
     pub fn load(path: &Path) -> anyhow::Result<Self> {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let bytes = shoal_transport::keyfile::read_bounded(path, MAX_CONFIG_BYTES)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let text = String::from_utf8(bytes)
+            .with_context(|| format!("reading {}: not UTF-8", path.display()))?;
         let mut cfg = Self::parse(&text).with_context(|| format!("parsing {}", path.display()))?;
         let base = path.parent().unwrap_or(Path::new("."));
         cfg.tls.resolve(base);

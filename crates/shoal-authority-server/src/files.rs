@@ -7,7 +7,7 @@
 //! whose magic, length or checksum does not match is refused with [`FileError::Corrupt`]: a torn
 //! or bit-rotted file is never loaded (invariant 7).
 
-use std::fs::{self, OpenOptions};
+use std::fs::OpenOptions;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -137,7 +137,10 @@ pub fn write_plain_atomic(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
 /// # Errors
 /// [`FileError::Io`] for read failures, [`FileError::Corrupt`] for a torn or damaged file.
 pub fn read_framed(path: &Path) -> Result<Option<Vec<u8>>, FileError> {
-    match fs::read(path) {
+    // The largest framed file is its header and the largest payload: a wrong path (e.g.
+    // `snapshot restore /dev/zero`) is refused after that many bytes.
+    let limit = (FILE_HEADER_BYTES + MAX_PAYLOAD_BYTES) as u64;
+    match shoal_transport::keyfile::read_bounded(path, limit) {
         Ok(bytes) => Ok(Some(unframe(path, &bytes)?.to_vec())),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(FileError::io(path, e)),
@@ -220,6 +223,7 @@ pub fn scan_records<'a>(path: &Path, bytes: &'a [u8]) -> Result<Scanned<'a>, Fil
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn framed_round_trip_and_corruption_is_refused() {

@@ -24,7 +24,7 @@
 //! (<https://www.envoyproxy.io/docs/envoy/latest/intro/arch_overview/upstream/load_balancing/priority>;
 //! Envoy's default is 140). Absent: fail over only when the region has no routable endpoint.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Subcommand;
@@ -211,8 +211,19 @@ pub fn document_json(signed: &SignedGlobalPolicy) -> serde_json::Value {
     })
 }
 
-fn read_signed(path: &PathBuf) -> anyhow::Result<SignedGlobalPolicy> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+/// Largest signed policy file read (`verify`, `push`): 4 MiB, the largest RPC message
+/// ([`shoal_proto::envelope::MAX_STREAM_MESSAGE_BYTES`]); `push` sends the file in one message,
+/// so a larger one could never be delivered.
+pub const MAX_SIGNED_POLICY_BYTES: u64 = shoal_proto::envelope::MAX_STREAM_MESSAGE_BYTES as u64;
+
+/// Largest policy document read by `sign`: 16 MiB. Its signed encoding must fit
+/// [`MAX_SIGNED_POLICY_BYTES`], and JSON with its key names and hex keys takes a few times the
+/// bytes of that encoding.
+pub const MAX_POLICY_DOCUMENT_BYTES: u64 = 16 << 20;
+
+fn read_signed(path: &Path) -> anyhow::Result<SignedGlobalPolicy> {
+    let bytes = keyfile::read_bounded(path, MAX_SIGNED_POLICY_BYTES)
+        .with_context(|| format!("reading {}", path.display()))?;
     postcard::from_bytes(&bytes).with_context(|| format!("{}: not a signed policy", path.display()))
 }
 
@@ -241,8 +252,10 @@ pub async fn run(cmd: PolicyCmd) -> anyhow::Result<()> {
         }
         PolicyCmd::Sign { key, input, out } => {
             let key = read_signing_key(&key)?;
-            let text = std::fs::read_to_string(&input)
+            let bytes = keyfile::read_bounded(&input, MAX_POLICY_DOCUMENT_BYTES)
                 .with_context(|| format!("reading {}", input.display()))?;
+            let text = String::from_utf8(bytes)
+                .with_context(|| format!("reading {}: not UTF-8", input.display()))?;
             let policy = parse_document(&text, crate::server::wall_ms())?;
             let signed = key.sign_global_policy(policy);
             let bytes = postcard::to_allocvec(&signed).context("encoding")?;

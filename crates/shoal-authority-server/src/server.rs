@@ -180,7 +180,13 @@ impl Replica {
         };
 
         let (applied_tx, applied_rx) = mpsc::channel(APPLIED_QUEUE);
-        let log = LogStore::open(&cfg.data_dir).context("opening the raft log")?;
+        // The error names the file (vote.bin, purged.bin or the log) that failed.
+        let log = LogStore::open(&cfg.data_dir).with_context(|| {
+            format!(
+                "opening the raft vote, purge mark and log in {}",
+                cfg.data_dir.display()
+            )
+        })?;
         let pristine = log.last_index().is_none() && log.vote().is_none();
         let summary_key = signing_key.clone();
         let sm = StateMachineStore::open(
@@ -198,10 +204,11 @@ impl Replica {
             member.clone(),
         )?);
 
-        let (raft_t, raft_in) = Transport::bind(transport_config(
-            crate::config::resolve_now(&me.raft_addr)?,
-            &tls,
-        ))?;
+        let raft_addr = crate::config::resolve_now(&me.raft_addr)?;
+        // `{e}`, not a context: the transport error names the address, and its `source()`
+        // would print the OS error a second time.
+        let (raft_t, raft_in) = Transport::bind(transport_config(raft_addr, &tls))
+            .map_err(|e| anyhow::anyhow!("binding the raft listener (members[].raft_addr): {e}"))?;
         if raft_t.identity().node_id.as_str() != me.node {
             anyhow::bail!(
                 "certificate node id {} does not match members[].node {}",
@@ -209,10 +216,12 @@ impl Replica {
                 me.node
             );
         }
-        let (rpc_t, rpc_in) = Transport::bind(transport_config(
-            crate::config::resolve_now(&me.rpc_addr)?,
-            &tls,
-        ))?;
+        let rpc_addr = crate::config::resolve_now(&me.rpc_addr)?;
+        // `{e}`, not a context: the transport error names the address, and its `source()`
+        // would print the OS error a second time.
+        let (rpc_t, rpc_in) = Transport::bind(transport_config(rpc_addr, &tls)).map_err(|e| {
+            anyhow::anyhow!("binding the agent API listener (members[].rpc_addr): {e}")
+        })?;
         let raft_rpc = RaftRpc::new(raft_t);
         let (sm_view, log_view) = (sm.clone(), log.clone());
         raft_rpc.set_cluster_source(
@@ -463,7 +472,9 @@ pub async fn serve_metrics(addr: SocketAddr) -> anyhow::Result<SocketAddr> {
     let handle = recorder.handle();
     metrics::set_global_recorder(recorder).context("a metrics recorder is already installed")?;
     crate::metrics_describe::describe_all();
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the metrics listener (metrics_addr) on {addr}"))?;
     let bound = listener.local_addr()?;
     tokio::spawn(async move {
         loop {

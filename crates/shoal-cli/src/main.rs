@@ -240,6 +240,9 @@ enum CertsCmd {
 
 fn main() {
     let cli = Cli::parse();
+    if !runs_a_server(&cli.cmd) {
+        shoal_authority_server::cli::init_cli_tracing();
+    }
     let rt = runtime(&cli.cmd, worker_threads_env());
     let code = match rt.block_on(run(cli)) {
         Ok(code) => code,
@@ -249,6 +252,18 @@ fn main() {
         }
     };
     std::process::exit(code);
+}
+
+/// True for the long-running commands that install their own log subscriber (`agent` and
+/// `authority run`, info level with timestamps).
+fn runs_a_server(cmd: &Cmd) -> bool {
+    matches!(
+        cmd,
+        Cmd::Agent(_)
+            | Cmd::Authority {
+                cmd: authority::AuthorityCmd::Run { .. }
+            }
+    )
 }
 
 /// `TOKIO_WORKER_THREADS` when set to a positive number.
@@ -786,8 +801,15 @@ impl Verifier for NoVerify {
     }
 }
 
+/// Largest file `snapshot inspect` reads: the largest snapshot the decoder accepts (its header
+/// plus [`shoal_catalog::snapshot::MAX_SNAPSHOT_BODY_BYTES`], 512 MiB); anything larger could
+/// not be loaded by an agent either.
+const MAX_INSPECT_BYTES: u64 = shoal_catalog::snapshot::SNAPSHOT_HEADER_BYTES as u64
+    + shoal_catalog::snapshot::MAX_SNAPSHOT_BODY_BYTES;
+
 fn inspect(file: &Path, json_out: bool) -> anyhow::Result<()> {
-    let bytes = std::fs::read(file).with_context(|| format!("read {}", file.display()))?;
+    let bytes = shoal_transport::keyfile::read_bounded(file, MAX_INSPECT_BYTES)
+        .with_context(|| format!("read {}", file.display()))?;
     let snap = match shoal_catalog::snapshot::decode(&bytes, &NoVerify) {
         Ok(s) => s,
         Err(e) => bail!("{}: refused: {e}", file.display()),

@@ -393,18 +393,7 @@ pub fn create_ca_with(
     };
     prepare_out(out_dir, &[&files.cert, &files.key], overwrite)?;
     let pair = generate_ca(region, Validity::from_now(CA_VALIDITY))?;
-    write_out(
-        &files.key,
-        &pair.key_pem,
-        keyfile::PRIVATE_FILE_MODE,
-        overwrite,
-    )?;
-    write_out(
-        &files.cert,
-        &pair.cert_pem,
-        keyfile::PUBLIC_FILE_MODE,
-        overwrite,
-    )?;
+    write_pair((&files.key, &files.cert), &pair, overwrite)?;
     Ok(files)
 }
 
@@ -456,18 +445,7 @@ pub fn create_node_cert_with(
         extra,
         Validity::from_now(NODE_VALIDITY),
     )?;
-    write_out(
-        &files.key,
-        &pair.key_pem,
-        keyfile::PRIVATE_FILE_MODE,
-        overwrite,
-    )?;
-    write_out(
-        &files.cert,
-        &pair.cert_pem,
-        keyfile::PUBLIC_FILE_MODE,
-        overwrite,
-    )?;
+    write_pair((&files.key, &files.cert), &pair, overwrite)?;
     Ok(files)
 }
 
@@ -492,7 +470,7 @@ pub fn read_key_file(path: &Path) -> Result<String, CertError> {
 /// [`CertError::NotFound`], [`CertError::Unreadable`], or [`CertError::NotPem`] if the file has
 /// no `-----BEGIN` marker at all.
 pub fn read_pem_file(path: &Path) -> Result<String, CertError> {
-    let text = std::fs::read_to_string(path).map_err(|source| {
+    let unreadable = |source: std::io::Error| {
         if source.kind() == std::io::ErrorKind::NotFound {
             CertError::NotFound {
                 path: path.to_owned(),
@@ -503,7 +481,10 @@ pub fn read_pem_file(path: &Path) -> Result<String, CertError> {
                 source,
             }
         }
-    })?;
+    };
+    let bytes = keyfile::read_bounded(path, keyfile::MAX_KEY_FILE_BYTES).map_err(unreadable)?;
+    let text = String::from_utf8(bytes)
+        .map_err(|e| unreadable(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
     if !text.contains("-----BEGIN ") {
         return Err(CertError::NotPem {
             what: path.display().to_string(),
@@ -513,9 +494,12 @@ pub fn read_pem_file(path: &Path) -> Result<String, CertError> {
     Ok(text)
 }
 
+/// Checks every output before anything is written: with [`Overwrite::Refuse`] any existing
+/// entry at an output path, a dangling symlink included (`O_EXCL` refuses those too), fails the
+/// command before the first file is created.
 fn prepare_out(out_dir: &Path, paths: &[&Path], overwrite: Overwrite) -> Result<(), CertError> {
     if overwrite == Overwrite::Refuse {
-        if let Some(p) = paths.iter().find(|p| p.exists()) {
+        if let Some(p) = paths.iter().find(|p| std::fs::symlink_metadata(p).is_ok()) {
             return Err(CertError::AlreadyExists {
                 path: p.to_path_buf(),
             });
@@ -523,6 +507,24 @@ fn prepare_out(out_dir: &Path, paths: &[&Path], overwrite: Overwrite) -> Result<
     }
     keyfile::ensure_dir(out_dir)?;
     Ok(())
+}
+
+/// Writes a key and its certificate (in that order, see [`create_node_cert_with`]). With
+/// [`Overwrite::Refuse`], when the certificate cannot be created (another process made the
+/// file after [`prepare_out`] checked) the key just created is removed again, so a failed run
+/// leaves nothing behind and can simply be repeated.
+fn write_pair(
+    files: (&Path, &Path),
+    pair: &CertPair,
+    overwrite: Overwrite,
+) -> Result<(), CertError> {
+    let (key, cert) = files;
+    write_out(key, &pair.key_pem, keyfile::PRIVATE_FILE_MODE, overwrite)?;
+    let written = write_out(cert, &pair.cert_pem, keyfile::PUBLIC_FILE_MODE, overwrite);
+    if written.is_err() && overwrite == Overwrite::Refuse {
+        let _ = std::fs::remove_file(key);
+    }
+    written
 }
 
 fn write_out(
@@ -644,6 +646,38 @@ mod tests {
 
     fn node(s: &str) -> NodeId {
         NodeId::new(s).unwrap()
+    }
+
+    #[test]
+    fn a_refused_run_writes_nothing_when_any_output_exists_even_a_dangling_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path();
+        // The certificate path is a dangling symlink: `exists()` says no, O_EXCL says yes.
+        std::os::unix::fs::symlink(out.join("nowhere"), out.join("dev-ca.pem")).unwrap();
+        let err = create_ca_with(&region("dev"), out, Overwrite::Refuse).unwrap_err();
+        assert!(
+            matches!(&err, CertError::AlreadyExists { path } if path.ends_with("dev-ca.pem")),
+            "{err}"
+        );
+        assert!(
+            std::fs::symlink_metadata(out.join("dev-ca-key.pem")).is_err(),
+            "the key was written although the certificate was refused"
+        );
+        std::fs::remove_file(out.join("dev-ca.pem")).unwrap();
+        let ca = create_ca_with(&region("dev"), out, Overwrite::Refuse).unwrap();
+        // The same for a node certificate.
+        std::os::unix::fs::symlink(out.join("nowhere"), out.join("dev-node-n1.pem")).unwrap();
+        let err = create_node_cert_with(
+            &ca,
+            &node("n1"),
+            &region("dev"),
+            &ExtraSans::default(),
+            out,
+            Overwrite::Refuse,
+        )
+        .unwrap_err();
+        assert!(matches!(err, CertError::AlreadyExists { .. }), "{err}");
+        assert!(std::fs::symlink_metadata(out.join("dev-node-n1-key.pem")).is_err());
     }
 
     #[test]

@@ -9,12 +9,14 @@
 //! | a directory that exists | never chmod'ed; a warning is logged when it is group/world writable ([`ensure_dir`], output dirs) or group/world accessible at all ([`ensure_private_dir`], data dirs holding keys) |
 //! | loading a private key | refused when the file is readable or writable by group or others, as OpenSSH refuses `id_*` keys with "UNPROTECTED PRIVATE KEY FILE" ([`read_private`]); one exception, PostgreSQL's rule for `ssl_key_file`: a file **owned by root** may also be group-readable (0640, 0440), because only root could have granted that group read access. This is how Kubernetes projects a Secret into a pod with `fsGroup` (root-owned, mode `defaultMode \| 0440`, group = fsGroup; deploy/k8s) and how Debian's `ssl-cert` group shares keys |
 //!
+//! | reading any file a command is given | [`read_bounded`]: at most a stated limit, so a wrong path such as `/dev/zero` fails fast instead of exhausting memory; key and certificate files are bounded by [`MAX_KEY_FILE_BYTES`] |
+//!
 //! The owner of the file is not checked (OpenSSH does; here the file may belong to a deploy user
 //! and be read by a service user through group-less 0600 + ownership, which the mode check
 //! cannot see either way).
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -24,6 +26,10 @@ pub const PRIVATE_FILE_MODE: u32 = 0o600;
 pub const PUBLIC_FILE_MODE: u32 = 0o644;
 /// Mode of every directory shoal creates.
 pub const PRIVATE_DIR_MODE: u32 = 0o700;
+
+/// Largest key or certificate file read (1 MiB): a PEM key is under 4 KiB and a CA bundle of
+/// a few hundred certificates stays far below it.
+pub const MAX_KEY_FILE_BYTES: u64 = 1 << 20;
 
 /// What to do when the destination exists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -241,6 +247,49 @@ fn sync_parent(path: &Path) -> io::Result<()> {
     File::open(parent(path))?.sync_all()
 }
 
+/// Reads all of `path`, but refuses (without reading further) a file of more than `limit`
+/// bytes: a regular file by its size, anything else (a pipe, `/dev/zero`) once `limit + 1`
+/// bytes have arrived. So memory use stays below `limit` whatever the path names.
+///
+/// # Errors
+/// The open or read error, or [`io::ErrorKind::InvalidData`] with a message stating the limit
+/// when the file is larger. The errors do not name the file: callers add it (as with
+/// [`std::fs::read`]).
+pub fn read_bounded(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
+    let f = File::open(path)?;
+    let meta = f.metadata()?;
+    let too_large = || {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "larger than the {} limit for this file; refusing to read it",
+                human_bytes(limit)
+            ),
+        )
+    };
+    if meta.is_file() && meta.len() > limit {
+        return Err(too_large());
+    }
+    let hint = if meta.is_file() { meta.len() } else { 0 };
+    let mut bytes = Vec::with_capacity(usize::try_from(hint.min(limit)).unwrap_or(0));
+    f.take(limit.saturating_add(1)).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > limit {
+        return Err(too_large());
+    }
+    Ok(bytes)
+}
+
+/// `1048576` -> `1 MiB (1048576 bytes)`, `1048588` -> `1 MiB + 12 bytes (1048588 bytes)`,
+/// `1000` -> `1000 bytes`.
+fn human_bytes(n: u64) -> String {
+    const MIB: u64 = 1 << 20;
+    match (n / MIB, n % MIB) {
+        (0, _) => format!("{n} bytes"),
+        (m, 0) => format!("{m} MiB ({n} bytes)"),
+        (m, r) => format!("{m} MiB + {r} bytes ({n} bytes)"),
+    }
+}
+
 /// Checks that a private key file is neither readable nor writable by group or others (a
 /// root-owned file may be readable by its group, as PostgreSQL allows for its key file).
 ///
@@ -267,7 +316,7 @@ pub fn check_private(path: &Path) -> Result<(), KeyFileError> {
 /// As [`check_private`], or the read fails.
 pub fn read_private(path: &Path) -> Result<Vec<u8>, KeyFileError> {
     check_private(path)?;
-    fs::read(path).map_err(|e| KeyFileError::io(path, e))
+    read_bounded(path, MAX_KEY_FILE_BYTES).map_err(|e| KeyFileError::io(path, e))
 }
 
 #[cfg(test)]
@@ -296,6 +345,34 @@ mod tests {
         assert_eq!(fs::read(&p).unwrap(), b"two");
         assert_eq!(mode(&p), 0o600);
         assert!(!tmp.exists());
+    }
+
+    #[test]
+    fn bounded_reads_refuse_large_and_endless_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        fs::write(&p, b"12345").unwrap();
+        assert_eq!(read_bounded(&p, 5).unwrap(), b"12345");
+        let err = read_bounded(&p, 4).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        assert!(err.to_string().contains("4 bytes limit"), "{err}");
+        // An endless device stops at the limit.
+        let err = read_bounded(Path::new("/dev/zero"), 2 << 20).unwrap_err();
+        assert!(err.to_string().contains("2 MiB (2097152 bytes)"), "{err}");
+        // A huge key file is refused by size, naming the file.
+        let key = dir.path().join("big-key.pem");
+        write_private(&key, b"", Overwrite::Refuse).unwrap();
+        File::options()
+            .write(true)
+            .open(&key)
+            .unwrap()
+            .set_len(MAX_KEY_FILE_BYTES + 1)
+            .unwrap();
+        let err = read_private(&key).unwrap_err().to_string();
+        assert!(
+            err.contains("big-key.pem") && err.contains("1 MiB"),
+            "{err}"
+        );
     }
 
     #[test]
