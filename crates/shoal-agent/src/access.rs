@@ -992,6 +992,13 @@ mod tests {
                 gid: 1001
             })
         );
+        // But a registration, which needs its owner on disk, is refused and takes nothing.
+        assert!(o.persist_error().unwrap().contains("not overwriting"));
+        assert!(matches!(
+            o.claim(&k, "web-2", A, false, usize::MAX),
+            Err(ClaimError::NotPersisted(_))
+        ));
+        assert_eq!(o.get(&k, "web-2"), None);
     }
 
     #[test]
@@ -1109,22 +1116,6 @@ mod tests {
         o.claim(&k, "web-2", A, false, usize::MAX).unwrap();
         assert_eq!(o.persist_error(), None);
         assert_eq!(Owners::load(&dir).get(&k, "web-2"), Some(A));
-    }
-
-    #[test]
-    fn an_owners_file_that_may_not_be_written_refuses_claims() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(OWNERS_FILE);
-        std::fs::create_dir(&path).unwrap();
-        std::fs::write(path.join("inside"), b"x").unwrap();
-        let o = Owners::load(dir.path());
-        let k = key("prod/web/http");
-        assert!(o.persist_error().unwrap().contains("not overwriting"));
-        assert!(matches!(
-            o.claim(&k, "web-1", A, false, usize::MAX),
-            Err(ClaimError::NotPersisted(_))
-        ));
-        assert_eq!(o.get(&k, "web-1"), None);
     }
 
     #[test]
