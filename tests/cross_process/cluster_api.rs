@@ -106,22 +106,29 @@ fn blocking_query_wakes_on_change_and_bad_input_is_refused() {
         (200, Some("web-1")),
         "{v}"
     );
-    let (code, _) = a
+    // Reports cannot empty a service: the last routable endpoint is never ejected.
+    let (code, v) = a
         .post(
             &format!("{SVC}/report"),
             "{\"instance\":\"web-1\",\"outcome\":\"connect_refused\",\"eject_ms\":60000}",
         )
         .unwrap();
-    assert_eq!(code, 200);
+    assert_eq!(
+        (code, v["reason"].as_str(), v["limit"].as_u64()),
+        (409, Some("ejection_cap"), Some(0)),
+        "{v}"
+    );
     let (code, v) = a.get(&format!("{SVC}/pick")).unwrap();
-    assert_eq!(code, 503, "{v}");
-    assert_eq!(v["error"], "no backend");
-    // Ejection is local only: the record itself is still READY.
+    assert_eq!(
+        (code, v["endpoint"]["instance"].as_str()),
+        (200, Some("web-1")),
+        "{v}"
+    );
     let (_, v) = a.get(&format!("{SVC}/endpoints")).unwrap();
     let e = endpoint(&v, "web-1").unwrap();
     assert_eq!(
         (e["state"].as_str(), e["ejected"].as_bool()),
-        (Some("READY"), Some(true))
+        (Some("READY"), Some(false))
     );
     let (code, _) = a.get("/v1/openapi.json").unwrap();
     assert_eq!(code, 200);
@@ -134,6 +141,8 @@ fn blocking_query_wakes_on_change_and_bad_input_is_refused() {
 /// * endpoint addresses nobody can call (unspecified, port 0, multicast, broadcast,
 ///   link-local) are refused at registration with 400 `bad_address`;
 /// * a lease the authority would refuse is a 400 `bad_lease`, not the authority's 409;
+/// * one uid owns at most `[api] max_instances_per_caller` instances of a node (429
+///   `instance_limit` past it);
 /// * a method a path does not take gets 405 with a JSON body and an `Allow` header;
 /// * the lifecycle route's 403 (instance on another node) and 404 carry `error` and `reason`.
 #[test]
@@ -147,6 +156,11 @@ fn ejection_cap_address_checks_and_error_shapes() {
             &format!("cluster_size = 8\nmetrics = \"{METRICS}\"\n"),
         );
     std::fs::write(&c.agents[0].config, text).unwrap();
+    // B lets one uid own two instances.
+    let text = std::fs::read_to_string(&c.agents[1].config)
+        .unwrap()
+        .replace("[api]\n", "[api]\nmax_instances_per_caller = 2\n");
+    std::fs::write(&c.agents[1].config, text).unwrap();
     c.start_all();
     c.wait_converged(2, Duration::from_secs(30));
     let a = &c.agents[0];
@@ -287,6 +301,31 @@ fn ejection_cap_address_checks_and_error_shapes() {
             "lease {lease}: {v}"
         );
     }
+
+    // Per-caller instance cap (QA: one uid registered ~11,700 instances in 5 minutes): a
+    // third new instance of the uid on B is refused 429 and registers nothing.
+    register_ready(b, "cap-1", "10.48.2.1:8080");
+    register_ready(b, "cap-2", "10.48.2.2:8080");
+    let (code, v) = b
+        .post(
+            &format!("{SVC}/register"),
+            "{\"instance\":\"cap-3\",\"address\":\"10.48.2.3:8080\"}",
+        )
+        .unwrap();
+    assert_eq!(
+        (code, v["reason"].as_str()),
+        (429, Some("instance_limit")),
+        "{v}"
+    );
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("max_instances_per_caller = 2"),
+        "{v}"
+    );
+    let (_, v) = b.get(&format!("{SVC}/endpoints")).unwrap();
+    assert!(endpoint(&v, "cap-3").is_none(), "nothing registered: {v}");
 
     // 405 with a JSON body and the Allow header.
     let raw = |method: &str, path: &str| -> String {

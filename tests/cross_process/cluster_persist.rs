@@ -56,3 +56,46 @@ fn restart_without_peers_serves_last_endpoints_flagged_stale() {
     assert_eq!(code, 503, "{v}");
     assert_eq!(v["error"], "authority unavailable");
 }
+
+/// Two agents on one data directory: the second exits non-zero before it reads or writes
+/// anything there (QA: it started, adopted the first's node key and bumped the shared boot
+/// counter), naming the lock file and the running agent's pid; the first keeps serving.
+#[test]
+fn a_second_agent_on_the_same_data_dir_refuses_to_start() {
+    let mut c = Cluster::new(39, 1);
+    c.start_all();
+    let a = &c.agents[0];
+    eventually(Duration::from_secs(20), "the first agent answers", || {
+        a.get("/v1/agent/self").map(|_| ())
+    });
+    let data = c.tmp.path().join("data-node-a");
+    let key_before = std::fs::read(data.join("node.key")).unwrap();
+    let boot_before = std::fs::read(data.join("boot")).unwrap();
+    let pid = a.child.as_ref().unwrap().id();
+    let out = std::process::Command::new(shoal_bin())
+        .args(["agent", "--config"])
+        .arg(&a.config)
+        .env_remove("SHOAL_SOCKET")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "second agent started: {stderr}");
+    let want = format!(
+        "{}: held by a running agent (pid {pid}); stop it first",
+        data.join("agent.lock").display()
+    );
+    assert!(stderr.contains(&want), "want `{want}` in: {stderr}");
+    assert_eq!(std::fs::read(data.join("node.key")).unwrap(), key_before);
+    assert_eq!(std::fs::read(data.join("boot")).unwrap(), boot_before);
+    let (code, _) = a.get("/v1/agent/self").unwrap();
+    assert_eq!(code, 200, "the first agent still serves");
+    // Once the first is gone, the lock (and its stale pid) does not block a start.
+    c.agents[0].stop();
+    c.agents[0].start();
+    let a = &c.agents[0];
+    eventually(
+        Duration::from_secs(20),
+        "the restarted agent answers",
+        || a.get("/v1/agent/self").map(|_| ()),
+    );
+}

@@ -413,13 +413,32 @@ pub struct Owner {
 /// What [`Owners::claim`] did, for [`Owners::release`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Claim {
-    /// Nothing changed (already this owner's, or the table is full).
+    /// Nothing changed (already this owner's).
     Unchanged,
-    /// The owner was set; `previous` is restored on release.
+    /// The owner was set and persisted; `previous` is restored on release.
     Taken {
         /// The owner before the claim.
         previous: Option<Owner>,
     },
+}
+
+/// Why [`Owners::claim`] refused. In every case the table (in memory and on disk) is as it was
+/// and the registration must not be forwarded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimError {
+    /// The instance is owned by this other uid, and the caller may not take it over.
+    NotOwner(Owner),
+    /// The table holds [`MAX_OWNED`] instances; a new one would have no owner.
+    TableFull,
+    /// The caller's uid owns `limit` instances of this node already
+    /// (`[api] max_instances_per_caller`).
+    CallerLimit {
+        /// The configured limit.
+        limit: usize,
+    },
+    /// The owner record could not be written (the message says why); after a restart the
+    /// caller could not change its own instance, so it is not registered.
+    NotPersisted(String),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -437,6 +456,8 @@ pub struct Owners {
     /// Why the file must not be written: an unreadable file that could not be moved aside
     /// (writing would destroy it). `None` normally.
     write_blocked: Option<String>,
+    /// The error of the last failed write; cleared by the next successful one.
+    last_error: Mutex<Option<String>>,
 }
 
 impl Owners {
@@ -475,6 +496,7 @@ impl Owners {
             path,
             map: Mutex::new(map),
             write_blocked,
+            last_error: Mutex::new(None),
         }
     }
 
@@ -537,34 +559,55 @@ impl Owners {
 
     /// Atomically checks and takes ownership of an instance before its registration is
     /// forwarded: free or already `owner`'s ids are taken; an id owned by another uid is taken
-    /// only when `may_take_over` (orchestrator, admin, the agent itself). Persists on change.
+    /// only when `may_take_over` (orchestrator, admin, the agent itself). A new id is refused
+    /// when `owner.uid` already owns `per_uid_limit` instances. The change is persisted before
+    /// this returns, so an acknowledged registration always has an owner on disk.
     ///
     /// # Errors
-    /// The current owner, when it is another uid and `may_take_over` is false.
+    /// [`ClaimError`]; the table is then unchanged (a failed write is rolled back in memory).
     pub fn claim(
         &self,
         key: &ServiceKey,
         instance: &str,
         owner: Owner,
         may_take_over: bool,
-    ) -> Result<Claim, Owner> {
+        per_uid_limit: usize,
+    ) -> Result<Claim, ClaimError> {
         let mut m = self.map.lock().expect("owners");
         let id = (key.to_string(), instance.to_owned());
         let previous = m.get(&id).copied();
         match previous {
             Some(o) if o == owner => return Ok(Claim::Unchanged),
-            Some(o) if o.uid != owner.uid && !may_take_over => return Err(o),
-            None if m.len() >= MAX_OWNED => {
-                tracing::error!(%key, instance, "owner table full ({MAX_OWNED}); instance registered without an owner");
-                return Ok(Claim::Unchanged);
-            }
+            Some(o) if o.uid != owner.uid && !may_take_over => return Err(ClaimError::NotOwner(o)),
+            None if m.len() >= MAX_OWNED => return Err(ClaimError::TableFull),
             _ => {}
         }
-        m.insert(id, owner);
+        // Only an id new to this uid adds to its count (re-registering its own does not).
+        if previous.is_none_or(|o| o.uid != owner.uid) {
+            let owned = m.values().filter(|o| o.uid == owner.uid).count();
+            if owned >= per_uid_limit {
+                return Err(ClaimError::CallerLimit {
+                    limit: per_uid_limit,
+                });
+            }
+        }
+        m.insert(id.clone(), owner);
         if let Err(e) = self.save(&m) {
-            tracing::error!(%key, instance, error = %e, "instance owner not persisted (kept in memory)");
+            match previous {
+                Some(o) => m.insert(id, o),
+                None => m.remove(&id),
+            };
+            return Err(ClaimError::NotPersisted(e));
         }
         Ok(Claim::Taken { previous })
+    }
+
+    /// Why the last write of the owners file failed, or why it may not be written at all;
+    /// `None` once a write succeeds. Shown by `/v1/agent/health` (`owners_error`).
+    pub fn persist_error(&self) -> Option<String> {
+        self.write_blocked
+            .clone()
+            .or_else(|| self.last_error.lock().expect("owners error").clone())
     }
 
     /// Gives a [`Owners::claim`] back after the registration failed.
@@ -595,9 +638,19 @@ impl Owners {
         self.save(&m)
     }
 
+    /// Writes the table; a failure is counted (`shoal_persist_total{result="owners_error"}`)
+    /// and kept for [`Owners::persist_error`]. Callers log it.
     fn save(&self, m: &BTreeMap<(String, String), Owner>) -> Result<(), String> {
-        if let Some(why) = &self.write_blocked {
+        let result = self.write(m);
+        if result.is_err() {
             metrics::counter!("shoal_persist_total", "result" => "owners_error").increment(1);
+        }
+        *self.last_error.lock().expect("owners error") = result.as_ref().err().cloned();
+        result
+    }
+
+    fn write(&self, m: &BTreeMap<(String, String), Owner>) -> Result<(), String> {
+        if let Some(why) = &self.write_blocked {
             return Err(why.clone());
         }
         let list: Vec<OwnedEntry> = m
@@ -609,10 +662,8 @@ impl Owners {
             })
             .collect();
         let json = serde_json::to_vec(&list).map_err(|e| e.to_string())?;
-        crate::keys::write_atomic(&self.path, &json, 0o600).map_err(|e| {
-            metrics::counter!("shoal_persist_total", "result" => "owners_error").increment(1);
-            format!("cannot write {}: {e}", self.path.display())
-        })
+        crate::keys::write_atomic(&self.path, &json, 0o600)
+            .map_err(|e| format!("cannot write {}: {e}", self.path.display()))
     }
 }
 
@@ -941,6 +992,13 @@ mod tests {
                 gid: 1001
             })
         );
+        // But a registration, which needs its owner on disk, is refused and takes nothing.
+        assert!(o.persist_error().unwrap().contains("not overwriting"));
+        assert!(matches!(
+            o.claim(&k, "web-2", A, false, usize::MAX),
+            Err(ClaimError::NotPersisted(_))
+        ));
+        assert_eq!(o.get(&k, "web-2"), None);
     }
 
     #[test]
@@ -995,18 +1053,113 @@ mod tests {
             uid: 1002,
             gid: 1002,
         };
-        assert_eq!(again.claim(&k, "web-1", a, false), Ok(Claim::Unchanged));
-        assert_eq!(again.claim(&k, "web-1", b, false), Err(a));
-        let c = again.claim(&k, "web-3", b, false).unwrap();
+        let any = usize::MAX;
+        assert_eq!(
+            again.claim(&k, "web-1", a, false, any),
+            Ok(Claim::Unchanged)
+        );
+        assert_eq!(
+            again.claim(&k, "web-1", b, false, any),
+            Err(ClaimError::NotOwner(a))
+        );
+        let c = again.claim(&k, "web-3", b, false, any).unwrap();
         assert_eq!(c, Claim::Taken { previous: None });
-        assert_eq!(again.claim(&k, "web-3", a, false), Err(b));
+        assert_eq!(
+            again.claim(&k, "web-3", a, false, any),
+            Err(ClaimError::NotOwner(b))
+        );
         again.release(&k, "web-3", c);
         assert_eq!(again.get(&k, "web-3"), None);
-        let t = again.claim(&k, "web-1", b, true).unwrap();
+        let t = again.claim(&k, "web-1", b, true, any).unwrap();
         assert_eq!(again.get(&k, "web-1"), Some(b));
         again.release(&k, "web-1", t);
         assert_eq!(Owners::load(dir.path()).get(&k, "web-1"), Some(a));
         std::fs::write(dir.path().join(OWNERS_FILE), b"{not json").unwrap();
         assert_eq!(Owners::load(dir.path()).get(&k, "web-1"), None);
+    }
+
+    const A: Owner = Owner {
+        uid: 1001,
+        gid: 1001,
+    };
+    const B: Owner = Owner {
+        uid: 1002,
+        gid: 1002,
+    };
+
+    #[test]
+    fn a_claim_whose_owner_cannot_be_saved_is_refused_and_rolled_back() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("data");
+        std::fs::create_dir(&dir).unwrap();
+        let k = key("prod/web/http");
+        let o = Owners::load(&dir);
+        o.claim(&k, "web-1", A, false, usize::MAX).unwrap();
+        assert_eq!(o.persist_error(), None);
+        // The directory goes away: the next write fails.
+        std::fs::remove_dir_all(&dir).unwrap();
+        let err = o.claim(&k, "web-2", A, false, usize::MAX).unwrap_err();
+        let ClaimError::NotPersisted(why) = err else {
+            panic!("{err:?}");
+        };
+        assert!(why.contains("owners.json"), "{why}");
+        assert_eq!(o.get(&k, "web-2"), None, "rolled back: nobody owns it");
+        // A take-over that cannot be saved leaves the old owner in place.
+        assert!(matches!(
+            o.claim(&k, "web-1", B, true, usize::MAX),
+            Err(ClaimError::NotPersisted(_))
+        ));
+        assert_eq!(o.get(&k, "web-1"), Some(A));
+        assert_eq!(o.persist_error(), Some(why), "shown by /v1/agent/health");
+        // Writable again: the next claim succeeds and clears the error.
+        std::fs::create_dir(&dir).unwrap();
+        o.claim(&k, "web-2", A, false, usize::MAX).unwrap();
+        assert_eq!(o.persist_error(), None);
+        assert_eq!(Owners::load(&dir).get(&k, "web-2"), Some(A));
+    }
+
+    #[test]
+    fn a_full_owner_table_refuses_new_instances_instead_of_leaving_them_unowned() {
+        let dir = tempfile::tempdir().unwrap();
+        let k = key("prod/web/http");
+        let o = Owners::load(dir.path());
+        {
+            let mut m = o.map.lock().unwrap();
+            for i in 0..MAX_OWNED {
+                m.insert((k.to_string(), format!("i-{i}")), B);
+            }
+        }
+        assert_eq!(
+            o.claim(&k, "new", A, true, usize::MAX),
+            Err(ClaimError::TableFull)
+        );
+        assert_eq!(o.get(&k, "new"), None);
+        // An id already in the table may still change hands.
+        assert!(o.claim(&k, "i-0", A, true, usize::MAX).is_ok());
+    }
+
+    #[test]
+    fn a_uid_may_own_at_most_its_limit_of_instances() {
+        let dir = tempfile::tempdir().unwrap();
+        let k = key("prod/web/http");
+        let o = Owners::load(dir.path());
+        o.claim(&k, "a-1", A, false, 2).unwrap();
+        o.claim(&k, "a-2", A, false, 2).unwrap();
+        assert_eq!(
+            o.claim(&k, "a-3", A, false, 2),
+            Err(ClaimError::CallerLimit { limit: 2 })
+        );
+        assert_eq!(o.get(&k, "a-3"), None);
+        // Re-registering its own instances is not a new one; other uids have their own count.
+        assert_eq!(o.claim(&k, "a-1", A, false, 2), Ok(Claim::Unchanged));
+        o.claim(&k, "b-1", B, false, 2).unwrap();
+        // Taking over another uid's instance counts for the new owner.
+        assert_eq!(
+            o.claim(&k, "b-1", A, true, 2),
+            Err(ClaimError::CallerLimit { limit: 2 })
+        );
+        // A deregistered instance frees its place.
+        o.remove(&k, "a-2").unwrap();
+        o.claim(&k, "a-3", A, false, 2).unwrap();
     }
 }

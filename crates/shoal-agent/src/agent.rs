@@ -70,6 +70,10 @@ pub async fn run_until(
     let raw = &cfg.raw;
     keys::ensure_dir(&raw.data_dir)
         .with_context(|| format!("data dir {}", raw.data_dir.display()))?;
+    // Held until this function returns (the agent stops) or the process dies: a second agent
+    // on this directory must not adopt our node key, bump our boot counter or overwrite our
+    // files (QA: two agents on one data_dir both started).
+    let _dir_lock = keys::lock_data_dir(&raw.data_dir)?;
     let node_key = keys::load_or_create_node_key(&raw.data_dir).context("node key")?;
     let boot = keys::bump_boot(&raw.data_dir).context("boot counter")?;
 

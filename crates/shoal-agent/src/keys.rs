@@ -16,6 +16,39 @@ use shoal_transport::keyfile::{self, Overwrite};
 pub const NODE_KEY_FILE: &str = "node.key";
 /// File name of the boot generation counter (decimal).
 pub const BOOT_FILE: &str = "boot";
+/// File a running agent holds an exclusive `flock` on (and writes its pid into) for its whole
+/// life, so a second agent on the same data directory refuses to start instead of sharing the
+/// node key, the boot counter and every persisted file.
+pub const LOCK_FILE: &str = "agent.lock";
+
+/// The data directory's lock ([`LOCK_FILE`]); released when dropped or when the process dies.
+#[derive(Debug)]
+pub struct DirLock {
+    _file: std::fs::File,
+}
+
+/// Takes the data directory's lock without waiting. Call it before anything else in the
+/// directory is read or written (the directory itself must exist: [`ensure_dir`]).
+///
+/// # Errors
+/// `<dir>/agent.lock: held by a running agent (pid N); stop it first` when another process
+/// holds it (nothing in the directory was touched); IO errors on the lock file.
+pub fn lock_data_dir(dir: &Path) -> io::Result<DirLock> {
+    match keyfile::lock_pid_file(&dir.join(LOCK_FILE)) {
+        Ok(file) => Ok(DirLock { _file: file }),
+        Err(keyfile::PidLockError::Held { path, pid }) => Err(io::Error::new(
+            io::ErrorKind::WouldBlock,
+            format!(
+                "{}: held by a running agent (pid {pid}); stop it first",
+                path.display()
+            ),
+        )),
+        Err(keyfile::PidLockError::Io { path, source }) => Err(io::Error::new(
+            source.kind(),
+            format!("{}: {source}", path.display()),
+        )),
+    }
+}
 
 pub use shoal_runtime::config::{from_hex, to_hex};
 
@@ -148,6 +181,25 @@ mod tests {
         assert!(parse_node_key(b"zz").is_none());
         assert_eq!(parse_boot(b" 7\n"), Some(7));
         assert_eq!(parse_boot(b"\xff"), None);
+    }
+
+    #[test]
+    fn a_second_holder_of_the_data_dir_lock_is_refused_with_the_pid() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = lock_data_dir(dir.path()).unwrap();
+        // flock belongs to the open file description: a second open in this process conflicts
+        // as a second agent process would.
+        let err = lock_data_dir(dir.path()).unwrap_err();
+        let want = format!(
+            "{}: held by a running agent (pid {}); stop it first",
+            dir.path().join(LOCK_FILE).display(),
+            std::process::id()
+        );
+        assert_eq!(err.to_string(), want);
+        assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
+        drop(first);
+        // Released with its holder; a stale file (its pid inside) does not block.
+        let _again = lock_data_dir(dir.path()).unwrap();
     }
 
     #[test]

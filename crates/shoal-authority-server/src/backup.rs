@@ -5,7 +5,6 @@
 //! these items.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -41,34 +40,15 @@ pub struct DirLock {
 pub fn lock_data_dir(dir: &Path) -> Result<DirLock, FileError> {
     shoal_transport::keyfile::ensure_private_dir(dir).map_err(|e| FileError::io(dir, e.into()))?;
     let path = dir.join(LOCK_FILE);
-    let mut file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .mode(0o600)
-        .open(&path)
-        .map_err(|e| FileError::io(&path, e))?;
-    match file.try_lock() {
-        Ok(()) => {}
-        Err(fs::TryLockError::WouldBlock) => return Err(busy(&path)),
-        Err(fs::TryLockError::Error(e)) => return Err(FileError::io(&path, e)),
-    }
-    file.set_len(0)
-        .and_then(|_| file.write_all(std::process::id().to_string().as_bytes()))
-        .and_then(|_| file.sync_data())
-        .map_err(|e| FileError::io(&path, e))?;
-    Ok(DirLock { _file: file })
-}
-
-fn busy(lock: &Path) -> FileError {
-    let pid = fs::read_to_string(lock).unwrap_or_default();
-    FileError::Busy {
-        path: lock.to_path_buf(),
-        what: format!(
-            "held by a running replica (pid {}); stop it first",
-            pid.trim()
-        ),
+    match shoal_transport::keyfile::lock_pid_file(&path) {
+        Ok(file) => Ok(DirLock { _file: file }),
+        Err(shoal_transport::keyfile::PidLockError::Held { path, pid }) => Err(FileError::Busy {
+            path,
+            what: format!("held by a running replica (pid {pid}); stop it first"),
+        }),
+        Err(shoal_transport::keyfile::PidLockError::Io { path, source }) => {
+            Err(FileError::io(&path, source))
+        }
     }
 }
 

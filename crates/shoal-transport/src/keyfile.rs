@@ -20,6 +20,68 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+/// Why [`lock_pid_file`] could not take its lock.
+#[derive(Debug, thiserror::Error)]
+pub enum PidLockError {
+    /// Another process holds the lock; `pid` is what it wrote in the file (may be empty when
+    /// it has not written it yet). Nothing was changed.
+    #[error("{}: held by pid {pid}", path.display())]
+    Held {
+        /// The lock file.
+        path: PathBuf,
+        /// The holder's pid as written in the file, trimmed.
+        pid: String,
+    },
+    /// The file could not be opened, locked or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The lock file.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+}
+
+/// Takes an exclusive `flock(2)` on `path` without waiting (created mode 0600 when missing),
+/// then writes our pid into it. The lock lasts as long as the returned file is open: until it
+/// is dropped or the process dies (the kernel releases it even after `kill -9`), so a stale
+/// file left by a dead process never blocks a start. Used for a data directory that only one
+/// process may use at a time (the authority's `replica.lock`, the agent's `agent.lock`).
+///
+/// # Errors
+/// [`PidLockError::Held`] when another open file description holds the lock (the file is left
+/// as it is); [`PidLockError::Io`] otherwise.
+pub fn lock_pid_file(path: &Path) -> Result<File, PidLockError> {
+    let io_err = |source| PidLockError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .mode(PRIVATE_FILE_MODE)
+        .open(path)
+        .map_err(io_err)?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(fs::TryLockError::WouldBlock) => {
+            let pid = fs::read_to_string(path).unwrap_or_default();
+            return Err(PidLockError::Held {
+                path: path.to_path_buf(),
+                pid: pid.trim().to_owned(),
+            });
+        }
+        Err(fs::TryLockError::Error(e)) => return Err(io_err(e)),
+    }
+    file.set_len(0)
+        .and_then(|()| file.write_all(std::process::id().to_string().as_bytes()))
+        .and_then(|()| file.sync_data())
+        .map_err(io_err)?;
+    Ok(file)
+}
+
 /// Mode of every private file shoal writes.
 pub const PRIVATE_FILE_MODE: u32 = 0o600;
 /// Mode of public files (certificates) shoal writes.

@@ -54,10 +54,22 @@ pub(super) fn forbidden(
     route: &'static str,
     d: Denied,
 ) -> ApiError {
+    refused(shared, who, route, StatusCode::FORBIDDEN, d)
+}
+
+/// A refusal answered with `status` (403, 429, 503): counted in
+/// `shoal_api_refusals_total{route,reason}`, logged once per (caller, route, reason).
+pub(super) fn refused(
+    shared: &Shared,
+    who: &LocalCaller,
+    route: &'static str,
+    status: StatusCode,
+    d: Denied,
+) -> ApiError {
     counter!("shoal_api_refusals_total", "route" => route, "reason" => d.code).increment(1);
     shared.refusals.log(who, route, &d);
     ApiError::new(
-        StatusCode::FORBIDDEN,
+        status,
         json!({"error": d.reason, "reason": d.code, "uid": who.uid, "gid": who.gid}),
     )
 }

@@ -338,13 +338,20 @@ pub(super) async fn health(State(shared): State<Arc<Shared>>) -> Response {
         .expect("mesh lock")
         .membership()
         .num_members();
-    let ok = !stale && st.authority_error.is_none() && st.persist_error.is_none();
+    // An owners file that cannot be written refuses every new registration (503
+    // `owner_not_persisted`), so it degrades the agent as a failing snapshot write does.
+    let owners_error = shared.owners.persist_error();
+    let ok = !stale
+        && st.authority_error.is_none()
+        && st.persist_error.is_none()
+        && owners_error.is_none();
     let mut body = freshness(&shared, shared.view_index());
     body.insert("status".into(), json!(if ok { "ok" } else { "degraded" }));
     body.insert("active".into(), json!(st.active));
     body.insert("members".into(), json!(members));
     body.insert("authority_error".into(), json!(st.authority_error));
     body.insert("persist_error".into(), json!(st.persist_error));
+    body.insert("owners_error".into(), json!(owners_error));
     body.insert("refused_snapshots".into(), json!(st.refused_snapshots));
     let code = if ok {
         StatusCode::OK

@@ -15,7 +15,7 @@ use shoal_proto::{
 };
 
 use super::*;
-use crate::access::{Action, Denied, Owner};
+use crate::access::{Action, ClaimError, Denied, Owner, MAX_OWNED};
 use crate::client::{self, CallError};
 use crate::probes::{ExecAs, ProbeSet};
 use crate::state::Shared;
@@ -389,27 +389,12 @@ pub async fn register_instance(
     // Claim the instance id before forwarding, so two callers racing for one id cannot both
     // pass the ownership check; a failed registration gives the claim back.
     let may_take_over = who.is_none_or(|w| shared.cfg.access.allows(w, Action::ChangeOthers, &key));
-    let claim = match shared
+    // The agent's own `[[instances]]` are not capped; every local caller is.
+    let per_uid_limit = who.map_or(usize::MAX, |_| shared.cfg.raw.api.max_instances_per_caller);
+    let claim = shared
         .owners
-        .claim(&key, instance.as_str(), owner, may_take_over)
-    {
-        Ok(c) => c,
-        Err(other) => {
-            let who = who.expect("the agent itself may always take over");
-            return Err(forbidden(
-                shared,
-                who,
-                "register",
-                Denied {
-                    code: "not_owner",
-                    reason: format!(
-                        "instance `{instance}` of {key} is owned by uid {}; uid {} may not change it (needs ownership, or orchestrator/admin)",
-                        other.uid, who.uid
-                    ),
-                },
-            ));
-        }
-    };
+        .claim(&key, instance.as_str(), owner, may_take_over, per_uid_limit)
+        .map_err(|e| claim_refused(shared, who, &key, &instance, e))?;
     let records = match client::call_for(shared, body, who.cloned()).await {
         Ok(ok) => publish(shared, ok).await,
         Err(e) => {
@@ -432,6 +417,61 @@ pub async fn register_instance(
         crate::agent::start_probes(shared, key, instance, g, addr, b.probes.clone(), exec_as);
     }
     Ok((records.len(), generation.map_or(0, |g| g.0)))
+}
+
+/// The answer to a refused [`crate::access::Owners::claim`]: nothing was registered.
+fn claim_refused(
+    shared: &Shared,
+    who: Option<&LocalCaller>,
+    key: &ServiceKey,
+    instance: &InstanceId,
+    e: ClaimError,
+) -> ApiError {
+    let (status, code, reason) = match e {
+        ClaimError::NotOwner(other) => {
+            let who = who.expect("the agent itself may always take over");
+            (
+                StatusCode::FORBIDDEN,
+                "not_owner",
+                format!(
+                    "instance `{instance}` of {key} is owned by uid {}; uid {} may not change it (needs ownership, or orchestrator/admin)",
+                    other.uid, who.uid
+                ),
+            )
+        }
+        ClaimError::TableFull => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "owner_table_full",
+            format!(
+                "not registered: this agent's owner table is full ({MAX_OWNED} instances); deregister instances first"
+            ),
+        ),
+        ClaimError::CallerLimit { limit } => (
+            StatusCode::TOO_MANY_REQUESTS,
+            "instance_limit",
+            format!(
+                "not registered: this uid owns {limit} instances on this node already, the most one caller may ([api] max_instances_per_caller = {limit}); deregister some first"
+            ),
+        ),
+        ClaimError::NotPersisted(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "owner_not_persisted",
+            format!(
+                "not registered: the instance's owner could not be saved ({why}); without it the instance could not be changed by its owner after a restart"
+            ),
+        ),
+    };
+    let d = Denied { code, reason };
+    match who {
+        Some(who) => refused(shared, who, "register", status, d),
+        // The agent's own instance: no caller to log against.
+        None => {
+            metrics::counter!("shoal_api_refusals_total", "route" => "register", "reason" => code)
+                .increment(1);
+            tracing::error!(%key, %instance, reason = %d.reason, "configured instance not registered");
+            ApiError::new(status, json!({"error": d.reason, "reason": code}))
+        }
+    }
 }
 
 #[cfg(test)]

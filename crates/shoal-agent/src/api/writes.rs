@@ -189,7 +189,7 @@ pub(super) async fn report_inner(
         if !renewal && ejected >= limit {
             // Envoy's max_ejection_percent: reports alone never take a whole service (or
             // most of it) out of rotation (QA: one report per endpoint made `pick` answer
-            // "no backend" for 10 minutes).
+            // "no backend" for 10 minutes; one report emptied a one-endpoint service).
             drop(ej);
             counter!("shoal_local_ejections_total", "outcome" => "capped").increment(1);
             crate::metrics::rejected("api", "ejection_cap");
@@ -202,7 +202,7 @@ pub(super) async fn report_inner(
                 StatusCode::CONFLICT,
                 json!({
                     "error": format!(
-                        "not applied: {ejected} of the {} routable endpoints of {key} are ejected here already, the most reports may eject at once ([api] max_ejection_percent = {pct}, at least one)",
+                        "not applied: {ejected} of the {} routable endpoints of {key} are ejected here already, the most reports may eject at once ([api] max_ejection_percent = {pct}, at least one, never the last routable endpoint not ejected)",
                         routable_endpoints.len()
                     ),
                     "reason": "ejection_cap",
@@ -242,10 +242,13 @@ pub(super) async fn report_inner(
 }
 
 /// How many of a service's `routable` endpoints reports may hold ejected at once:
-/// `max_ejection_percent` of them, rounded down, and never fewer than one (as Envoy's outlier
-/// detection always allows one ejection).
+/// `max_ejection_percent` of them, rounded down, at least one (as Envoy's outlier detection
+/// allows one ejection), but always fewer than all of them: reports cannot empty a service, so
+/// the last routable endpoint that is not ejected never is (a one-endpoint service: none).
 pub(crate) fn ejection_limit(routable: usize, max_ejection_percent: u8) -> usize {
-    (routable.saturating_mul(usize::from(max_ejection_percent)) / 100).max(1)
+    (routable.saturating_mul(usize::from(max_ejection_percent)) / 100)
+        .max(1)
+        .min(routable.saturating_sub(1))
 }
 
 /// Log lines of local ejections (applied or refused by the cap): at most one a minute per
@@ -465,17 +468,22 @@ mod tests {
 
     #[test]
     fn ejection_limit_is_a_share_of_the_routable_endpoints_and_at_least_one() {
-        // The 50 % default: half, rounded down; one of one or two.
-        assert_eq!(ejection_limit(0, 50), 1);
-        assert_eq!(ejection_limit(1, 50), 1);
+        // The 50 % default: half, rounded down; one of two or three.
         assert_eq!(ejection_limit(2, 50), 1);
         assert_eq!(ejection_limit(3, 50), 1);
         assert_eq!(ejection_limit(4, 50), 2);
         assert_eq!(ejection_limit(10, 50), 5);
-        // Envoy's 10 % default, and no cap at 100 %.
+        // Envoy's 10 % default.
         assert_eq!(ejection_limit(10, 10), 1);
         assert_eq!(ejection_limit(25, 10), 2);
-        assert_eq!(ejection_limit(7, 100), 7);
+        // Reports cannot empty a service (QA: one report emptied a one-endpoint service for
+        // up to 10 minutes): the last routable endpoint not ejected stays, at any percent.
+        for pct in [0, 1, 10, 50, 100] {
+            assert_eq!(ejection_limit(0, pct), 0, "{pct} %");
+            assert_eq!(ejection_limit(1, pct), 0, "{pct} %");
+        }
+        assert_eq!(ejection_limit(2, 100), 1);
+        assert_eq!(ejection_limit(7, 100), 6);
         assert_eq!(ejection_limit(usize::MAX, 100), usize::MAX / 100);
     }
 
