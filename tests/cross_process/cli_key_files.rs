@@ -204,7 +204,7 @@ fn file_reading_commands_refuse_an_endless_input() {
     let dummy = tmp.path().join("none.pem");
     let dummy = dummy.to_str().unwrap();
     let data_dir = tmp.path().join("data");
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (
             &[
                 "policy",
@@ -222,6 +222,7 @@ fn file_reading_commands_refuse_an_endless_input() {
             "4 MiB",
         ),
         (&["snapshot", "inspect", "/dev/zero"], "512 MiB"),
+        (&["agent", "--config", "/dev/zero"], "1 MiB"),
         (
             &[
                 "authority",

@@ -632,14 +632,27 @@ pub const NODE_KEYS_REMOVED: &str = "this setting was removed: every lifecycle r
 carries its owner node's key as the region authority bound it, so no node key is configured \
 anywhere (docs/adr/0006-node-keys-in-lifecycle-records.md); delete the setting";
 
+/// Largest agent config file read (1 MiB; a real one is a few KiB even with long `[access]`
+/// and `[[instances]]` lists): `shoal agent --config /dev/zero` is refused, not read until
+/// memory runs out.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
 /// Loads, overrides and validates.
 ///
 /// # Errors
 /// [`ConfigError`] naming the file, field and problem.
 pub fn load(path: &Path, overrides: Overrides) -> Result<Validated, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+    let read_error = |error| ConfigError::Read {
         path: path.to_owned(),
         error,
+    };
+    let bytes =
+        shoal_transport::keyfile::read_bounded(path, MAX_CONFIG_BYTES).map_err(read_error)?;
+    let text = String::from_utf8(bytes).map_err(|e| {
+        read_error(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("not UTF-8: {e}"),
+        ))
     })?;
     let mut raw: AgentConfig = toml::from_str(&text).map_err(|e| ConfigError::Parse {
         path: path.to_owned(),
