@@ -15,16 +15,29 @@ impl Catalog {
         record: Arc<SignedLifecycle>,
         verifier: &dyn Verifier,
     ) -> MergeOutcome {
-        let outcome = self.merge_lifecycle(record, verifier);
+        self.apply_lifecycle_replacing(record, verifier).0
+    }
+
+    /// [`Catalog::apply_lifecycle`], also telling the state of the record an `Applied` one
+    /// replaced (`None`: the instance was not held). What a caller would otherwise learn by
+    /// looking the entry up before merging, from the lookup the merge makes anyway (the mesh
+    /// asks it of every EXPIRED record it is pushed, to judge its urgency). For any other
+    /// outcome the state is not looked up and `None` is returned.
+    pub fn apply_lifecycle_replacing(
+        &mut self,
+        record: Arc<SignedLifecycle>,
+        verifier: &dyn Verifier,
+    ) -> (MergeOutcome, Option<LifecycleState>) {
+        let (outcome, replaced) = self.merge_lifecycle(record, verifier);
         self.counters.count(&outcome);
-        outcome
+        (outcome, replaced)
     }
 
     pub(super) fn merge_lifecycle(
         &mut self,
         signed: Arc<SignedLifecycle>,
         verifier: &dyn Verifier,
-    ) -> MergeOutcome {
+    ) -> (MergeOutcome, Option<LifecycleState>) {
         let rec = &signed.record;
         // Fast path for the common repeat (Plumtree and anti-entropy deliver most records more
         // than once): the record held under this revision is this very record, so it was
@@ -40,13 +53,13 @@ impl Catalog {
             .and_then(|r| r.by_revision.get(&rec.revision))
         {
             Some(held) if Arc::ptr_eq(held, &signed) || **held == *signed => {
-                return MergeOutcome::Duplicate;
+                return (MergeOutcome::Duplicate, None);
             }
             Some(held) => (&held.record.key, &held.record.instance) != (&rec.key, &rec.instance),
             None => false,
         };
         if let Err(e) = verifier.verify_lifecycle(&signed) {
-            return MergeOutcome::BadSignature(e);
+            return (MergeOutcome::BadSignature(e), None);
         }
         let region = match self.regions.get_mut(&rec.region) {
             Some(region) => region,
@@ -59,7 +72,7 @@ impl Catalog {
             .and_then(|s| s.instances.get(&rec.instance));
         let outcome = match held {
             None if rec.revision <= region.gc_floor => MergeOutcome::Stale,
-            None if self.entries >= self.max_entries => return MergeOutcome::Full,
+            None if self.entries >= self.max_entries => return (MergeOutcome::Full, None),
             None => MergeOutcome::Applied,
             Some(entry) => {
                 if entry.lifecycle.validate_update(&signed, &marker).is_err() {
@@ -73,6 +86,7 @@ impl Catalog {
                 }
             }
         };
+        let replaced = held.map(|e| e.lifecycle.val.record.state);
         let outcome = if outcome == MergeOutcome::Applied && reused {
             MergeOutcome::Conflict
         } else {
@@ -101,7 +115,12 @@ impl Catalog {
         if let Some(owner) = owner {
             self.recheck_owner(&owner, verifier);
         }
-        outcome
+        let replaced = if outcome == MergeOutcome::Applied {
+            replaced
+        } else {
+            None
+        };
+        (outcome, replaced)
     }
 
     /// Learns the owner key (or revocation) a verified lifecycle record carries; true when

@@ -20,6 +20,26 @@ fn lifecycle_newer_record_is_applied() {
 }
 
 #[test]
+fn an_applied_record_tells_the_state_it_replaced() {
+    let fx = Fixture::new();
+    let mut c = Catalog::new();
+
+    let first = c.apply_lifecycle_replacing(life(&fx, "a", 1, 1, Starting), &fx.keyring);
+    assert_eq!(first, (MergeOutcome::Applied, None), "nothing was held");
+    let ready = c.apply_lifecycle_replacing(life(&fx, "a", 1, 2, Ready), &fx.keyring);
+    assert_eq!(ready, (MergeOutcome::Applied, Some(Starting)));
+    let expired = life(&fx, "a", 1, 3, Expired);
+    let out = c.apply_lifecycle_replacing(expired.clone(), &fx.keyring);
+    assert_eq!(out, (MergeOutcome::Applied, Some(Ready)));
+    // Not applied: nothing is told, whatever is held.
+    let again = c.apply_lifecycle_replacing(expired, &fx.keyring);
+    assert_eq!(again, (MergeOutcome::Duplicate, None));
+    let stale = c.apply_lifecycle_replacing(life(&fx, "a", 1, 2, Ready), &fx.keyring);
+    assert_eq!(stale, (MergeOutcome::Stale, None));
+    assert_eq!(c.counters().applied, 3, "counted like apply_lifecycle");
+}
+
+#[test]
 fn lifecycle_older_record_is_stale() {
     let fx = Fixture::new();
     let mut c = Catalog::new();

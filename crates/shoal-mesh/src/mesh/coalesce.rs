@@ -17,6 +17,18 @@ use super::{Mesh, MeshEvent};
 use crate::messages::{RecordPush, StreamMessage, MAX_RECORDS_PER_PUSH};
 use crate::record_codec;
 
+/// [`Mesh::is_urgent_lifecycle`] given the state of the record `rec` replaces (`None`: the
+/// instance was not held), e.g. from [`shoal_catalog::Catalog::apply_lifecycle_replacing`].
+pub(super) fn urgent_lifecycle(rec: &SignedLifecycle, replaced: Option<LifecycleState>) -> bool {
+    let r = &rec.record;
+    match r.state {
+        LifecycleState::Draining => true,
+        LifecycleState::Expired if r.reason == TransitionReason::LeaseExpired => false,
+        LifecycleState::Expired => replaced.is_none_or(|s| s == LifecycleState::Ready),
+        _ => false,
+    }
+}
+
 pub(super) struct Outgoing {
     lifecycle: Option<Arc<SignedLifecycle>>,
     health: Option<Arc<SignedHealth>>,
@@ -31,14 +43,16 @@ impl<V: Verifier> Mesh<V> {
     /// rollout). Only these skip the ordinary coalescing window. Call before merging `rec`.
     pub(super) fn is_urgent_lifecycle(&self, rec: &SignedLifecycle) -> bool {
         let r = &rec.record;
-        match r.state {
-            LifecycleState::Draining => true,
-            LifecycleState::Expired if r.reason == TransitionReason::LeaseExpired => false,
-            LifecycleState::Expired => self
-                .catalog
+        let held = || {
+            self.catalog
                 .entry(&r.key, &r.instance)
-                .is_none_or(|e| e.lifecycle().record.state == LifecycleState::Ready),
-            _ => false,
+                .map(|e| e.lifecycle().record.state)
+        };
+        match r.state {
+            LifecycleState::Expired if r.reason != TransitionReason::LeaseExpired => {
+                urgent_lifecycle(rec, held())
+            }
+            _ => urgent_lifecycle(rec, None),
         }
     }
 

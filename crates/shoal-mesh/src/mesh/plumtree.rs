@@ -88,9 +88,14 @@ impl<V: Verifier> Mesh<V> {
         let mut new = false;
         for rec in push.lifecycle {
             let rec = self.verifier.intern_lifecycle(rec);
-            let urgent = self.is_urgent_lifecycle(&rec);
-            if self.catalog.apply_lifecycle(rec.clone(), &self.verifier) == MergeOutcome::Applied {
+            // Urgency is judged from the record this one replaces, which the merge looks up
+            // anyway: a lookup of its own before merging was 4 % of a full-scale rollout.
+            let (outcome, replaced) = self
+                .catalog
+                .apply_lifecycle_replacing(rec.clone(), &self.verifier);
+            if outcome == MergeOutcome::Applied {
                 new = true;
+                let urgent = super::coalesce::urgent_lifecycle(&rec, replaced);
                 self.on_lifecycle_applied(rec, Some(from), urgent);
             }
         }

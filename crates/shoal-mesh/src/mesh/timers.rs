@@ -61,6 +61,12 @@ impl TimerToken {
 /// reaches the top, where it is dropped: the top of the heap is always a pending timer, so
 /// [`TimerTable::next_deadline`] needs no `&mut`. Tokens order equal deadlines, so timers fire in the same order as before.
 ///
+/// A token-driven table (the simulator's) keeps no heap: its driver orders the timers, so
+/// after the first [`TimerTable::next_armed`] the heap is dropped and no longer kept, and the
+/// deadline-side methods, which such a driver does not call, find the earliest pending timer
+/// by a pass over the map instead (same answers). Keeping the heap was ~2-3 % of a full-scale
+/// `reference/rollout` profile (session 13).
+///
 /// Bounded by the core: membership caps its own timers (`max_pending_timers`), each periodic
 /// timer is re-armed once per firing, and an input arms at most one flush and one graft check.
 /// Taken entries waiting in the heap are bounded too: past twice the pending count (plus a
@@ -68,7 +74,8 @@ impl TimerToken {
 #[derive(Debug, Default)]
 pub(super) struct TimerTable {
     by_token: HashMap<u64, (u64, MeshTimer), BuildHasherDefault<U64Hasher>>,
-    /// `(deadline, token)` of every pending timer, plus taken ones not yet at the top.
+    /// `(deadline, token)` of every pending timer, plus taken ones not yet at the top; empty
+    /// and not kept once `token_driven`.
     by_deadline: BinaryHeap<Reverse<(u64, u64)>>,
     /// The next token to hand out (tokens start at 1).
     next: u64,
@@ -85,18 +92,41 @@ impl TimerTable {
         self.next += 1;
         let token = self.next;
         self.by_token.insert(token, (at_ms, timer));
-        self.by_deadline.push(Reverse((at_ms, token)));
+        if !self.token_driven {
+            self.by_deadline.push(Reverse((at_ms, token)));
+        }
+    }
+
+    /// `(deadline, token)` of the earliest pending timer: the heap's top, or a pass over the
+    /// map when the heap is not kept.
+    fn earliest(&self) -> Option<(u64, u64)> {
+        if self.token_driven {
+            self.by_token
+                .iter()
+                .map(|(token, (at, _))| (*at, *token))
+                .min()
+        } else {
+            self.by_deadline.peek().map(|Reverse(top)| *top)
+        }
     }
 
     /// The earliest deadline, ms.
     pub(super) fn next_deadline(&self) -> Option<u64> {
-        self.by_deadline.peek().map(|Reverse((at, _))| *at)
+        self.earliest().map(|(at, _)| at)
     }
 
     /// The earliest deadline of a pending timer for which `skip` is false, ms. Walks the
     /// heap's implicit tree best-first from the top, so it looks at the skipped timers (and at
     /// taken entries not yet dropped) that come before the answer and their children only.
     pub(super) fn next_deadline_skipping(&self, skip: impl Fn(&MeshTimer) -> bool) -> Option<u64> {
+        if self.token_driven {
+            return self
+                .by_token
+                .values()
+                .filter(|(_, timer)| !skip(timer))
+                .map(|(at, _)| *at)
+                .min();
+        }
         let heap = self.by_deadline.as_slice();
         let mut frontier: BinaryHeap<Reverse<((u64, u64), usize)>> = BinaryHeap::new();
         if let Some(Reverse(top)) = heap.first() {
@@ -119,26 +149,31 @@ impl TimerTable {
 
     /// The earliest pending timer: `(deadline, token, timer)`.
     pub(super) fn peek(&self) -> Option<(u64, TimerToken, &MeshTimer)> {
-        let &Reverse((at, token)) = self.by_deadline.peek()?;
+        let (at, token) = self.earliest()?;
         let (_, timer) = self.by_token.get(&token).expect("the top is pending");
         Some((at, TimerToken(token), timer))
     }
 
     /// Removes the earliest timer due at `now_ms`: `(deadline, timer)`.
     pub(super) fn pop_due(&mut self, now_ms: u64) -> Option<(u64, MeshTimer)> {
-        let &Reverse((at, token)) = self.by_deadline.peek()?;
+        let (at, token) = self.earliest()?;
         if at > now_ms {
             return None;
         }
-        self.by_deadline.pop();
         let (_, timer) = self.by_token.remove(&token).expect("the top is pending");
-        self.drop_taken_top();
+        if !self.token_driven {
+            self.by_deadline.pop();
+            self.drop_taken_top();
+        }
         Some((at, timer))
     }
 
     /// Removes the timer of `token`, if it is still pending.
     pub(super) fn take(&mut self, token: TimerToken) -> Option<MeshTimer> {
         let (_, timer) = self.by_token.remove(&token.0)?;
+        if self.token_driven {
+            return Some(timer);
+        }
         self.drop_taken_top();
         if self.by_deadline.len() > 2 * self.by_token.len() + 64 {
             self.by_deadline = self
@@ -166,7 +201,10 @@ impl TimerTable {
 
     /// The first timer armed after the last one this returned, still pending.
     pub(super) fn next_armed(&mut self) -> Option<(u64, TimerToken)> {
-        self.token_driven = true;
+        if !self.token_driven {
+            self.token_driven = true;
+            self.by_deadline = BinaryHeap::new();
+        }
         while self.armed_cursor < self.next {
             self.armed_cursor += 1;
             if let Some((at, _)) = self.by_token.get(&self.armed_cursor) {
@@ -245,6 +283,44 @@ mod tests {
             Some(MeshTimer::Flush)
         );
         assert_eq!(t.len(), 0);
+    }
+
+    #[test]
+    fn a_token_driven_table_answers_deadline_questions_like_a_heap() {
+        let mut heap = TimerTable::default();
+        let mut tokens = TimerTable::default();
+        let _ = tokens.next_armed();
+        let plan = [
+            (30, MeshTimer::Flush),
+            (10, MeshTimer::Gc),
+            (10, MeshTimer::Graft),
+            (5, MeshTimer::IHave),
+            (50, MeshTimer::Flush),
+        ];
+        for (at, timer) in plan {
+            heap.arm(at, timer.clone());
+            tokens.arm(at, timer);
+        }
+        assert!(tokens.by_deadline.is_empty(), "no heap is kept");
+        // The same token (the 4th arming) taken from both.
+        assert_eq!(heap.take(TimerToken(4)), Some(MeshTimer::IHave));
+        assert_eq!(tokens.take(TimerToken(4)), Some(MeshTimer::IHave));
+        let skip_gc = |t: &MeshTimer| *t == MeshTimer::Gc;
+        assert_eq!(tokens.next_deadline(), heap.next_deadline());
+        assert_eq!(
+            tokens.next_deadline_skipping(skip_gc),
+            heap.next_deadline_skipping(skip_gc)
+        );
+        let peek = |t: &TimerTable| {
+            t.peek()
+                .map(|(at, token, timer)| (at, token, timer.clone()))
+        };
+        assert_eq!(peek(&tokens), peek(&heap));
+        for now in [9, 10, 10, 29, 30, 100] {
+            assert_eq!(tokens.pop_due(now), heap.pop_due(now), "at {now}");
+            assert_eq!(tokens.next_deadline(), heap.next_deadline());
+        }
+        assert_eq!((tokens.len(), heap.len()), (0, 0));
     }
 
     #[test]
