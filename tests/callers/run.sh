@@ -156,6 +156,8 @@ for i in $(seq 1 40); do
 done
 wait_for "40 big endpoints on node-1" bash -c "[[ \$(dig @127.0.0.1 -p 18600 +norec +tcp +short big.http.prod.service.shoal SRV | wc -l) == 40 ]]"
 expect "UDP, EDNS 512: truncated" "$(D big.http.prod.service.shoal SRV +bufsize=512 +ignore +noall +comments | grep -c 'flags:.* tc')" "1"
+expect "UDP, EDNS 4096: still truncated" "$(D big.http.prod.service.shoal SRV +bufsize=4096 +ignore +noall +comments | grep -c 'flags:.* tc')" "1"
+expect "UDP, EDNS 4096: answer within 1232 bytes" "$(( $(D big.http.prod.service.shoal SRV +bufsize=4096 +ignore | sed -n 's/.*MSG SIZE  rcvd: \([0-9]*\).*/\1/p') <= 1232 ))" "1"
 expect "UDP, no EDNS: truncated at 512 bytes" "$(D big.http.prod.service.shoal SRV +noedns +ignore +noall +comments | grep -c 'flags:.* tc')" "1"
 expect "UDP, no EDNS: answer within 512 bytes" "$(( $(D big.http.prod.service.shoal SRV +noedns +ignore | sed -n 's/.*MSG SIZE  rcvd: \([0-9]*\).*/\1/p') <= 512 ))" "1"
 expect "TCP: all 40, not truncated" "$(D big.http.prod.service.shoal SRV +tcp +short | wc -l)" "40"

@@ -20,8 +20,11 @@
 //! service exists but has no routable endpoint or none of the asked type. Names outside the
 //! domain are REFUSED (the agent is not a resolver). TTL `[dns] ttl_s` (default 0: every
 //! lookup sees the current view, as Consul's default; at most 60). UDP answers are limited to
-//! the client's EDNS payload size, or 512 bytes without EDNS (RFC 1035); what does not fit is
-//! dropped and TC set, so the client retries over TCP, which carries everything.
+//! the client's EDNS payload size but never more than [`UDP_MAX_BYTES`] (1,232, whatever the
+//! client advertises; our OPT record advertises 1,232 too), or 512 bytes without EDNS
+//! (RFC 1035); what does not fit is dropped and TC set, so the client retries over TCP, which
+//! carries everything. The cap keeps a spoofed ~75-byte query from drawing a ~4 KB reply at
+//! a third party when the port is reachable beyond loopback.
 //! Answers per name are capped at [`MAX_ANSWERS`]. Counted in
 //! `shoal_dns_queries_total{rcode}`, `rcode` the DNS mnemonic ([`rcode_label`]: `NOERROR`,
 //! `NXDOMAIN`, `REFUSED`, `FORMERR`, ...); a message that decodes but is not a query (a
@@ -49,6 +52,16 @@ pub const MAX_ANSWERS: usize = 64;
 pub const MAX_TTL_S: u32 = 60;
 /// UDP answer size without EDNS (RFC 1035 section 4.2.1), bytes.
 pub const UDP_NO_EDNS_BYTES: usize = 512;
+/// Largest UDP answer, OPT record included, whatever EDNS payload size the client advertises,
+/// bytes; also the payload size our OPT record advertises. 1,232 is the DNS Flag Day 2020
+/// recommendation (<https://www.dnsflagday.net/2020/>: fits a 1,280-byte IPv6 minimum MTU
+/// without fragmentation) and the default of Unbound and CoreDNS. Why a cap: answers sized to a
+/// client's 4,096 turn a ~75-byte query with a spoofed source into a ~3.6 KB reply at someone
+/// else (amplification); larger answers go over TCP (TC set), which a spoofed source cannot
+/// complete.
+pub const UDP_MAX_BYTES: u16 = 1_232;
+/// Bytes of our OPT record with no options: root name 1, type 2, class 2, TTL 4, RDLENGTH 2.
+const OPT_RECORD_BYTES: usize = 11;
 
 /// `[dns]`.
 #[derive(Debug, Clone, Deserialize)]
@@ -357,73 +370,89 @@ fn fit_udp(header: &Header, request: &Request, a: &mut Answer, max: usize) -> bo
     cut
 }
 
+/// The UDP answer limit for a request with EDNS `edns`, OPT record excluded, bytes: the
+/// client's payload size (RFC 6891: below 512 counts as 512) capped at [`UDP_MAX_BYTES`], less
+/// our OPT record; [`UDP_NO_EDNS_BYTES`] without EDNS.
+fn udp_limit(edns: Option<&hickory_proto::op::Edns>) -> usize {
+    match edns {
+        Some(e) => usize::from(e.max_payload().clamp(512, UDP_MAX_BYTES)) - OPT_RECORD_BYTES,
+        None => UDP_NO_EDNS_BYTES,
+    }
+}
+
 #[async_trait::async_trait]
 impl RequestHandler for DnsHandler {
     async fn handle_request<R: ResponseHandler>(
         &self,
         request: &Request,
-        mut response_handle: R,
+        response_handle: R,
     ) -> ResponseInfo {
-        let mut builder = MessageResponseBuilder::from_message_request(request);
-        // Answer EDNS with EDNS (RFC 6891), advertising the payload size we keep to.
-        let udp_max = match request.edns() {
-            Some(e) => {
-                let max = e.max_payload().clamp(512, 4096);
-                let mut ours = hickory_proto::op::Edns::new();
-                ours.set_max_payload(max);
-                builder.edns(ours);
-                // The OPT record itself takes 11 bytes.
-                usize::from(max) - 11
-            }
-            None => UDP_NO_EDNS_BYTES,
-        };
-        let mut header = Header::response_from_request(request.header());
-        header.set_authoritative(true);
-        header.set_recursion_available(false);
-        let info = match request.request_info() {
-            Ok(i)
-                if request.op_code() == OpCode::Query
-                    && request.message_type() == MessageType::Query =>
-            {
-                i
-            }
-            _ => {
-                static NOT_A_QUERY_LOG: shoal_transport::log_every::LogEvery =
-                    shoal_transport::log_every::LogEvery::new();
-                crate::metrics::rejected("dns", "not_a_query");
-                if let Some(held) = NOT_A_QUERY_LOG.check() {
-                    tracing::warn!(src = %request.src(), op_code = ?request.op_code(),
-                        not_logged_since_last = held,
-                        "DNS message that is not a standard query answered FORMERR (logged once a minute)");
-                }
-                metrics::counter!("shoal_dns_queries_total", "rcode" => "FORMERR").increment(1);
-                let r = builder.error_msg(request.header(), ResponseCode::FormErr);
-                return send(&mut response_handle, r, request.header()).await;
-            }
-        };
-        let mut a = self.lookup(&info.query.name().into(), info.query.query_type());
-        if let Some(code) = a.code {
-            header.set_response_code(code);
-        }
-        if info.protocol == hickory_proto::xfer::Protocol::Udp {
-            // hickory would cap EDNS-less UDP answers at 4,096 bytes (RFC 1035 says 512) and
-            // cut at a record boundary itself; cutting here keeps whole SRV + address pairs
-            // out together and sets TC.
-            if fit_udp(&header, request, &mut a, udp_max) {
-                header.set_truncated(true);
-            }
-        }
-        let code = header.response_code();
-        metrics::counter!("shoal_dns_queries_total", "rcode" => rcode_label(code)).increment(1);
-        let r = builder.build(
-            header,
-            a.answers.iter(),
-            std::iter::empty(),
-            a.soa.iter(),
-            a.additionals.iter(),
-        );
-        send(&mut response_handle, r, &header).await
+        respond(request, response_handle, |name, ty| self.lookup(name, ty)).await
     }
+}
+
+/// Answers `request` with what `lookup` finds for its question: FORMERR for what is not a
+/// standard query, and on UDP only what fits [`udp_limit`] (TC set when anything was dropped).
+async fn respond<R: ResponseHandler>(
+    request: &Request,
+    mut response_handle: R,
+    lookup: impl FnOnce(&Name, RecordType) -> Answer + Send,
+) -> ResponseInfo {
+    let mut builder = MessageResponseBuilder::from_message_request(request);
+    // Answer EDNS with EDNS (RFC 6891), advertising the payload size we accept and keep to
+    // (hickory also takes it as the encoder's limit for the UDP answer).
+    if request.edns().is_some() {
+        let mut ours = hickory_proto::op::Edns::new();
+        ours.set_max_payload(UDP_MAX_BYTES);
+        builder.edns(ours);
+    }
+    let udp_max = udp_limit(request.edns());
+    let mut header = Header::response_from_request(request.header());
+    header.set_authoritative(true);
+    header.set_recursion_available(false);
+    let info = match request.request_info() {
+        Ok(i)
+            if request.op_code() == OpCode::Query
+                && request.message_type() == MessageType::Query =>
+        {
+            i
+        }
+        _ => {
+            static NOT_A_QUERY_LOG: shoal_transport::log_every::LogEvery =
+                shoal_transport::log_every::LogEvery::new();
+            crate::metrics::rejected("dns", "not_a_query");
+            if let Some(held) = NOT_A_QUERY_LOG.check() {
+                tracing::warn!(src = %request.src(), op_code = ?request.op_code(),
+                    not_logged_since_last = held,
+                    "DNS message that is not a standard query answered FORMERR (logged once a minute)");
+            }
+            metrics::counter!("shoal_dns_queries_total", "rcode" => "FORMERR").increment(1);
+            let r = builder.error_msg(request.header(), ResponseCode::FormErr);
+            return send(&mut response_handle, r, request.header()).await;
+        }
+    };
+    let mut a = lookup(&info.query.name().into(), info.query.query_type());
+    if let Some(code) = a.code {
+        header.set_response_code(code);
+    }
+    if info.protocol == hickory_proto::xfer::Protocol::Udp {
+        // hickory would cap EDNS-less UDP answers at 4,096 bytes (RFC 1035 says 512) and
+        // cut at a record boundary itself; cutting here keeps whole SRV + address pairs
+        // out together and sets TC.
+        if fit_udp(&header, request, &mut a, udp_max) {
+            header.set_truncated(true);
+        }
+    }
+    let code = header.response_code();
+    metrics::counter!("shoal_dns_queries_total", "rcode" => rcode_label(code)).increment(1);
+    let r = builder.build(
+        header,
+        a.answers.iter(),
+        std::iter::empty(),
+        a.soa.iter(),
+        a.additionals.iter(),
+    );
+    send(&mut response_handle, r, &header).await
 }
 
 async fn send<'a, R: ResponseHandler>(
@@ -497,6 +526,127 @@ pub fn rcode_label(code: ResponseCode) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hickory_proto::op::{Edns, Query};
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Bound on every wait for the server (never reached when it works).
+    const WAIT: Duration = Duration::from_secs(10);
+    /// Endpoints of the big service: ~1.8 KB of SRV + A records, more than [`UDP_MAX_BYTES`]
+    /// and less than a 4,096-byte EDNS buffer.
+    const BIG: u8 = 40;
+
+    /// Answers every query through [`respond`] (the agent's sizing and TC logic) with `BIG`
+    /// SRV records and their addresses, as [`DnsHandler::service`] builds them.
+    struct BigService;
+
+    fn big_answer(qname: &Name) -> Answer {
+        let mut a = Answer::default();
+        for i in 1..=BIG {
+            let ip = IpAddr::V4(Ipv4Addr::new(127, 0, 1, i));
+            let target = Name::from_ascii(format!("{}.addr.shoal.", hex_ip(ip))).unwrap();
+            let srv = SRV::new(0, 100, 9000, target.clone());
+            a.answers
+                .push(Record::from_rdata(qname.clone(), 0, RData::SRV(srv)));
+            a.additionals.push(Record::from_rdata(
+                target,
+                0,
+                RData::A(A(Ipv4Addr::new(127, 0, 1, i))),
+            ));
+        }
+        a
+    }
+
+    #[async_trait::async_trait]
+    impl RequestHandler for BigService {
+        async fn handle_request<R: ResponseHandler>(
+            &self,
+            request: &Request,
+            response_handle: R,
+        ) -> ResponseInfo {
+            respond(request, response_handle, |name, _| big_answer(name)).await
+        }
+    }
+
+    fn query(edns_payload: Option<u16>) -> Vec<u8> {
+        let mut m = Message::new();
+        m.set_id(7);
+        m.set_message_type(MessageType::Query);
+        m.add_query(Query::query(
+            Name::from_ascii("big.http.prod.service.shoal.").unwrap(),
+            RecordType::SRV,
+        ));
+        if let Some(p) = edns_payload {
+            let mut e = Edns::new();
+            e.set_max_payload(p);
+            m.set_edns(e);
+        }
+        m.to_vec().unwrap()
+    }
+
+    /// A query with EDNS 4,096 for an answer of ~1.8 KB: over UDP at most 1,232 bytes with TC
+    /// set (it used to come whole, sized to the client's buffer); over TCP every record.
+    #[tokio::test]
+    async fn udp_answers_are_capped_at_1232_bytes_whatever_the_client_advertises() {
+        let udp = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let addr = udp.local_addr().unwrap();
+        let tcp = tokio::net::TcpListener::bind(addr).await.unwrap();
+        let server = tokio::spawn(crate::dns_io::run(udp, tcp, Arc::new(BigService), 4));
+
+        let sock = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        sock.connect(addr).await.unwrap();
+        let mut buf = vec![0u8; 65_535];
+        for (advertised, limit) in [
+            (Some(4_096), usize::from(UDP_MAX_BYTES)),
+            (Some(1_232), usize::from(UDP_MAX_BYTES)),
+            (Some(600), 600),
+            (None, UDP_NO_EDNS_BYTES),
+        ] {
+            sock.send(&query(advertised)).await.unwrap();
+            let n = tokio::time::timeout(WAIT, sock.recv(&mut buf))
+                .await
+                .expect("a UDP answer within the bound")
+                .unwrap();
+            assert!(n <= limit, "EDNS {advertised:?}: {n} bytes > {limit}");
+            let m = Message::from_vec(&buf[..n]).unwrap();
+            assert!(m.truncated(), "EDNS {advertised:?}: TC not set");
+            assert!(!m.answers().is_empty(), "EDNS {advertised:?}: no answer");
+            // Additionals go first, then answers.
+            assert!(
+                m.answers().len() + m.additionals().len() < 2 * usize::from(BIG),
+                "EDNS {advertised:?}: nothing dropped"
+            );
+            assert_eq!(
+                m.extensions().as_ref().map(Edns::max_payload),
+                advertised.map(|_| UDP_MAX_BYTES),
+                "EDNS {advertised:?}: the OPT record we advertise"
+            );
+        }
+
+        // The same question over TCP: everything, not truncated.
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let q = query(Some(4_096));
+        let mut framed = u16::try_from(q.len()).unwrap().to_be_bytes().to_vec();
+        framed.extend_from_slice(&q);
+        s.write_all(&framed).await.unwrap();
+        let mut len = [0u8; 2];
+        tokio::time::timeout(WAIT, s.read_exact(&mut len))
+            .await
+            .expect("a TCP answer within the bound")
+            .unwrap();
+        let mut body = vec![0u8; usize::from(u16::from_be_bytes(len))];
+        s.read_exact(&mut body).await.unwrap();
+        assert!(
+            body.len() > usize::from(UDP_MAX_BYTES),
+            "{} bytes",
+            body.len()
+        );
+        let m = Message::from_vec(&body).unwrap();
+        assert!(!m.truncated());
+        assert_eq!(m.answers().len(), usize::from(BIG));
+        assert_eq!(m.additionals().len(), usize::from(BIG));
+        server.abort();
+    }
 
     #[test]
     fn rcode_labels_are_dns_mnemonics() {

@@ -3,7 +3,7 @@
 //! binary).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -307,6 +307,78 @@ pub fn init_cli_tracing() {
         .try_init();
 }
 
+/// Checks a `keygen`'s `--out` before anything is written, then creates its missing parent
+/// directories (0700, [`keyfile::ensure_dir`]); returns how to write the file. So a refused run
+/// (a path that names no file or a directory, or a file that exists without `--force`) leaves
+/// no directory behind: `--out new/../region.key` with `region.key` present used to create
+/// `new/` and then refuse. [`keyfile::write_private`] still opens the file `O_EXCL`, so a file
+/// that appears in between is refused all the same.
+///
+/// # Errors
+/// The refusal, naming `out`; [`keyfile::KeyFileError`] when a directory cannot be created.
+pub(crate) fn prepare_key_out(out: &Path, force: bool) -> anyhow::Result<Overwrite> {
+    if out.file_name().is_none() {
+        anyhow::bail!(
+            "{}: names no file; give the key file's path (e.g. DIR/region.key)",
+            out.display()
+        );
+    }
+    let target = path_once_created(out);
+    if let Ok(meta) = std::fs::symlink_metadata(&target) {
+        if meta.is_dir() {
+            anyhow::bail!(
+                "{}: is a directory; give the key file's path",
+                out.display()
+            );
+        }
+        if !force {
+            return Err(keyfile::KeyFileError::Exists {
+                path: out.to_path_buf(),
+            }
+            .into());
+        }
+    }
+    if let Some(dir) = out.parent() {
+        keyfile::ensure_dir(dir)?;
+    }
+    Ok(if force {
+        Overwrite::Replace
+    } else {
+        Overwrite::Refuse
+    })
+}
+
+/// What `path` will name once its missing parent directories exist, found without creating
+/// them: its deepest existing ancestor, then the rest with `.` and `..` resolved by hand. The
+/// kernel cannot resolve `new/..` while `new` is missing, and nothing below a missing
+/// directory exists, so no symlink there can change what `..` means.
+fn path_once_created(path: &Path) -> PathBuf {
+    let parts: Vec<Component<'_>> = path.components().collect();
+    let mut existing = parts.len();
+    while existing > 0
+        && std::fs::symlink_metadata(parts[..existing].iter().collect::<PathBuf>()).is_err()
+    {
+        existing -= 1;
+    }
+    let mut out: PathBuf = parts[..existing].iter().collect();
+    let mut below = 0usize;
+    for part in &parts[existing..] {
+        match part {
+            Component::CurDir => {}
+            Component::ParentDir if below > 0 => {
+                out.pop();
+                below -= 1;
+            }
+            Component::Normal(_) => {
+                out.push(part);
+                below += 1;
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
 /// Runs an authority subcommand.
 ///
 /// # Errors
@@ -492,17 +564,10 @@ pub async fn run(cmd: AuthorityCmd) -> anyhow::Result<()> {
             Ok(())
         }
         AuthorityCmd::Keygen { out, force } => {
+            let overwrite = prepare_key_out(&out, force)?;
             let mut seed = [0u8; 32];
             rand::fill(&mut seed);
             let key = SigningKey::from_seed(seed);
-            if let Some(dir) = out.parent() {
-                keyfile::ensure_dir(dir)?;
-            }
-            let overwrite = if force {
-                Overwrite::Replace
-            } else {
-                Overwrite::Refuse
-            };
             keyfile::write_private(&out, to_hex(&seed).as_bytes(), overwrite)?;
             println!("{}", to_hex(&key.verifying_key().to_bytes()));
             Ok(())

@@ -27,6 +27,10 @@ use crate::host_clock::{HostClock, HostInstant, WallClock};
 
 /// File in the data directory holding the latest [`CheckpointApplied`].
 pub const LEASE_CLOCK_FILE: &str = "lease-clock";
+/// Largest [`LEASE_CLOCK_FILE`] read, bytes: its one line is under 200 bytes (a 36-byte boot
+/// id and five numbers). A larger file (or a path that never ends, such as `/dev/zero`) is not
+/// read past this, so it cannot exhaust memory at start.
+pub const MAX_LEASE_CLOCK_BYTES: u64 = 4_096;
 
 /// One checkpoint entry and when this host first applied it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,6 +47,25 @@ pub struct CheckpointApplied {
     /// Wall-clock ms from the entry's proposal to that first apply (this host's wall clock
     /// against the proposer's; 0 if this host's reads earlier).
     pub lag_ms: u64,
+}
+
+/// Reads the record at `path`, at most [`MAX_LEASE_CLOCK_BYTES`]: `Ok(None)` when the file
+/// is missing or its content is not a record.
+///
+/// # Errors
+/// The file cannot be read, or is larger than the limit; the message names the file and, for
+/// a large one, the limit.
+pub fn read_record(path: &Path) -> Result<Option<CheckpointApplied>, crate::files::FileError> {
+    match shoal_transport::keyfile::read_bounded(path, MAX_LEASE_CLOCK_BYTES) {
+        Ok(bytes) => Ok(std::str::from_utf8(&bytes)
+            .ok()
+            .and_then(CheckpointApplied::decode)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(crate::files::FileError::Io {
+            path: path.to_path_buf(),
+            error: e,
+        }),
+    }
 }
 
 impl CheckpointApplied {
@@ -95,11 +118,18 @@ pub struct LeaseClock {
 
 impl LeaseClock {
     /// Reads `dir`'s record (a missing or unreadable file is no record: credits fall back to
-    /// what this process measures).
+    /// what this process measures). A file that cannot be read, or is larger than
+    /// [`MAX_LEASE_CLOCK_BYTES`], is refused with a warning naming it (see [`read_record`]).
     pub fn open(dir: &Path, clock: HostClock, wall: WallClock) -> Self {
-        let record = std::fs::read_to_string(dir.join(LEASE_CLOCK_FILE))
-            .ok()
-            .and_then(|t| CheckpointApplied::decode(&t));
+        let path = dir.join(LEASE_CLOCK_FILE);
+        let record = match read_record(&path) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e,
+                    "lease clock file refused: a restart of this replica credits only the downtime it measures itself");
+                None
+            }
+        };
         Self {
             dir: dir.to_path_buf(),
             clock,
@@ -206,5 +236,51 @@ mod tests {
         for bad in ["", "v2 b 1 2 3 4 5", "v1 b 1 2 3 4", "v1 b 1 2 x 4 5"] {
             assert_eq!(CheckpointApplied::decode(bad), None, "{bad:?}");
         }
+    }
+
+    fn record() -> CheckpointApplied {
+        CheckpointApplied {
+            checkpoint: 3,
+            log_index: 9,
+            proposed_wall_ms: 1_000,
+            applied: HostInstant {
+                boot: "b".into(),
+                ms: 5,
+            },
+            lag_ms: 0,
+        }
+    }
+
+    /// An oversized file (or `/dev/zero`) is refused after at most the limit, naming the file
+    /// and the limit, and is no record, even when it starts with a valid one (it was read
+    /// whole, and `/dev/zero` until memory ran out).
+    #[test]
+    fn an_oversized_file_is_refused_naming_the_file_and_the_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(LEASE_CLOCK_FILE);
+        assert_eq!(read_record(&path).unwrap(), None, "missing: no record");
+        std::fs::write(&path, record().encode()).unwrap();
+        assert_eq!(read_record(&path).unwrap(), Some(record()));
+
+        let mut big = record().encode().into_bytes();
+        big.resize(MAX_LEASE_CLOCK_BYTES as usize + 1, b' ');
+        std::fs::write(&path, &big).unwrap();
+        let e = read_record(&path).unwrap_err().to_string();
+        assert!(
+            e.contains(&path.display().to_string()) && e.contains("4096 bytes limit"),
+            "{e}"
+        );
+        let lc = LeaseClock::open(dir.path(), || None, || 0);
+        assert_eq!(lc.covered(3, 9), None, "an oversized file is no record");
+
+        // Exactly the limit is read.
+        big.truncate(MAX_LEASE_CLOCK_BYTES as usize);
+        std::fs::write(&path, &big).unwrap();
+        assert_eq!(read_record(&path).unwrap(), Some(record()));
+
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &path).unwrap();
+        let e = read_record(&path).unwrap_err().to_string();
+        assert!(e.contains("lease-clock") && e.contains("limit"), "{e}");
     }
 }

@@ -35,7 +35,7 @@ use shoal_proto::{
     FailoverMode, GlobalPolicy, GlobalServicePolicy, Region, RegionKeys, ServicePolicy,
     SignedGlobalPolicy, SigningKey, StaleAction,
 };
-use shoal_transport::keyfile::{self, Overwrite};
+use shoal_transport::keyfile;
 
 use crate::cli::{operator_call, Connect};
 use crate::config::{from_hex, read_signing_key, to_hex};
@@ -234,16 +234,9 @@ fn read_signed(path: &Path) -> anyhow::Result<SignedGlobalPolicy> {
 pub async fn run(cmd: PolicyCmd) -> anyhow::Result<()> {
     match cmd {
         PolicyCmd::Keygen { out, force } => {
+            let overwrite = crate::cli::prepare_key_out(&out, force)?;
             let mut seed = [0u8; 32];
             rand::fill(&mut seed);
-            if let Some(dir) = out.parent() {
-                keyfile::ensure_dir(dir)?;
-            }
-            let overwrite = if force {
-                Overwrite::Replace
-            } else {
-                Overwrite::Refuse
-            };
             keyfile::write_private(&out, to_hex(&seed).as_bytes(), overwrite)?;
             println!(
                 "{}",

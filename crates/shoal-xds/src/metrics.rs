@@ -8,7 +8,7 @@
 //! | `shoal_xds_requests_total{type,kind}` | requests by type (`lds`, `rds`, `cds`, `eds`) and kind (`subscribe`, `ack`, `nack`, `stale`) |
 //! | `shoal_xds_nacks_total{type}` | responses a client rejected (each is also logged) |
 //! | `shoal_xds_responses_total{type}` | responses sent |
-//! | `shoal_xds_requests_refused_total{reason}` | requests refused (`unknown_type`, `too_many_names`) |
+//! | `shoal_xds_requests_refused_total{reason}` | requests refused (`unknown_type`, `too_many_names`; `undecodable`: not a `DiscoveryRequest`, the stream is ended `INVALID_ARGUMENT`) |
 //! | `shoal_xds_connections` | open TCP connections (gauge) |
 //! | `shoal_xds_connections_refused_total` | connections closed at accept past `xds.max_connections` |
 //! | `shoal_xds_connections_closed_total{why}` | connections closed by the server (`handshake_timeout`) |
@@ -44,7 +44,7 @@ pub fn describe() {
         );
         describe_counter!(
             "shoal_xds_requests_refused_total",
-            "xDS requests refused, by reason (unknown_type, too_many_names)."
+            "xDS requests refused, by reason (unknown_type, too_many_names; undecodable: the stream is ended INVALID_ARGUMENT)."
         );
         describe_gauge!("shoal_xds_connections", "Open TCP connections on the xDS port.");
         describe_counter!(
@@ -98,6 +98,11 @@ pub fn refused(e: &RequestError) {
         RequestError::TooManyNames(_) => "too_many_names",
     };
     counter!("shoal_xds_requests_refused_total", "reason" => reason).increment(1);
+}
+
+/// Counts one request that did not decode (its stream is ended `INVALID_ARGUMENT`).
+pub fn undecodable() {
+    counter!("shoal_xds_requests_refused_total", "reason" => "undecodable").increment(1);
 }
 
 /// Counts one response sent.

@@ -280,6 +280,20 @@ impl AggregatedDiscoveryService for Ads {
     }
 }
 
+/// Whether `status`, an error of the request stream, comes from decoding the client's bytes
+/// (protobuf that does not parse, a bad compression flag, a message cut off by the end of the
+/// stream, one over the size limit) rather than from the connection. tonic makes the former
+/// itself, without a source; transport errors (HTTP/2 resets, a closed connection) carry the
+/// h2 or hyper error as their source.
+fn is_undecodable(status: &Status) -> bool {
+    use std::error::Error as _;
+    status.source().is_none()
+        && matches!(
+            status.code(),
+            tonic::Code::Internal | tonic::Code::OutOfRange | tonic::Code::ResourceExhausted
+        )
+}
+
 struct StreamTask {
     stream: AdsStream,
     views: watch::Receiver<Arc<View>>,
@@ -302,6 +316,10 @@ impl StreamTask {
                         }
                     }
                     Ok(None) => return,
+                    Err(status) if is_undecodable(&status) => {
+                        self.refuse_undecodable(&status).await;
+                        return;
+                    }
                     Err(status) => {
                         tracing::debug!(peer = ?self.peer, %status, "xDS stream ended");
                         return;
@@ -352,6 +370,26 @@ impl StreamTask {
                 true
             }
         }
+    }
+
+    /// Ends the stream with `INVALID_ARGUMENT` for a request that did not decode (the gRPC
+    /// call then fails with a status that says why, instead of ending as if the server had
+    /// nothing more to say); counted, and logged once a minute.
+    async fn refuse_undecodable(&self, status: &Status) {
+        static LOG: shoal_transport::log_every::LogEvery =
+            shoal_transport::log_every::LogEvery::new();
+        crate::metrics::undecodable();
+        if let Some(held) = LOG.check() {
+            tracing::warn!(peer = ?self.peer, node = ?self.stream.node_id(), error = %status.message(),
+                not_logged_since_last = held,
+                "xDS request did not decode; stream ended INVALID_ARGUMENT (logged once a minute)");
+        }
+        let refusal = Status::invalid_argument(format!(
+            "xDS request could not be decoded as a DiscoveryRequest: {}",
+            status.message()
+        ));
+        // The client may be gone already: nothing else to do then.
+        let _ = self.tx.send(Err(refusal)).await;
     }
 
     async fn send(&self, resp: DiscoveryResponse) -> bool {
