@@ -75,7 +75,8 @@ pub async fn run_until(
     // files (QA: two agents on one data_dir both started).
     let _dir_lock = keys::lock_data_dir(&raw.data_dir)?;
     let node_key = keys::load_or_create_node_key(&raw.data_dir).context("node key")?;
-    let boot = keys::bump_boot(&raw.data_dir).context("boot counter")?;
+    let boot_file = keys::open_boot(&raw.data_dir).context("boot counter")?;
+    let boot = boot_file.generation();
 
     let tls_paths = raw.tls.paths();
     let tls = TlsState::from_files(&cfg.region, &tls_paths).context("TLS material")?;
@@ -207,7 +208,15 @@ pub async fn run_until(
 
     let (join_tx, join_rx) = watch::channel(0u64);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let driver = Driver::new(shared.clone(), transport, inbound, driver_rx, dev, join_tx);
+    let driver = Driver::new(
+        shared.clone(),
+        transport,
+        boot_file,
+        inbound,
+        driver_rx,
+        dev,
+        join_tx,
+    );
     let driver_task = tokio::spawn(driver.run(async {
         let _ = stop_rx.await;
     }));

@@ -22,6 +22,7 @@ use shoal_mesh::{Command, MembershipEvent, MeshEvent};
 use shoal_proto::envelope::{self, MessageKind, MAX_STREAM_MESSAGE_BYTES};
 use shoal_proto::rpc::{AuthorityError, AuthorityOk, AuthorityReply, AuthorityRequest};
 use shoal_proto::{HealthStatus, InstanceId, LifecycleState};
+use shoal_runtime::boot::BootFile;
 use shoal_runtime::clock::MonoClock;
 use shoal_runtime::io::MeshIo;
 use shoal_runtime::members_file;
@@ -52,17 +53,20 @@ pub struct Driver {
 }
 
 impl Driver {
-    /// Builds the driver. `join_wanted` is bumped whenever the membership goes idle so the
-    /// join task starts a new backoff series.
+    /// Builds the driver. `boot_file` is the agent's boot file as opened at start: every boot
+    /// generation the mesh renews itself to is written to it before it is announced.
+    /// `join_wanted` is bumped whenever the membership goes idle so the join task starts a new
+    /// backoff series.
     pub fn new(
         shared: Arc<Shared>,
         transport: Transport,
+        boot_file: BootFile,
         inbound: mpsc::Receiver<Inbound>,
         cmds: mpsc::Receiver<DriverCmd>,
         dev: Option<DevAuthority>,
         join_wanted: tokio::sync::watch::Sender<u64>,
     ) -> Self {
-        let io = MeshIo::new(transport, MonoClock::new(shared.origin));
+        let io = MeshIo::new(transport, MonoClock::new(shared.origin)).with_boot_file(boot_file);
         Self {
             shared,
             io,
@@ -388,6 +392,12 @@ impl Driver {
         drop(mesh);
         // The other counters and gauges are copied at scrape time (`crate::metrics::render`).
         counter!("shoal_mesh_send_errors_total").absolute(self.io.send_errors());
+        if let Some(boot) = self.io.boot_file() {
+            let c = boot.counters();
+            counter!("shoal_persist_total", "what" => "boot", "result" => "ok").absolute(c.writes);
+            counter!("shoal_persist_total", "what" => "boot", "result" => "error")
+                .absolute(c.write_errors);
+        }
     }
 
     fn persist(&mut self) {

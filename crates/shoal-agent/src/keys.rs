@@ -9,7 +9,8 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use shoal_proto::{Generation, SigningKey};
+use shoal_proto::SigningKey;
+use shoal_runtime::boot::BootFile;
 use shoal_transport::keyfile::{self, Overwrite};
 
 /// File name of the node signing key seed (32 raw bytes, hex-encoded, mode 0600).
@@ -149,18 +150,24 @@ pub fn load_or_create_node_key(dir: &Path) -> io::Result<SigningKey> {
     }
 }
 
-/// Reads the last boot generation (`data_dir/boot`), adds one, persists it and returns it.
-/// The first start is 1 (`shoal_runtime::boot::bump_boot`).
+/// Reads the last boot generation (`data_dir/boot`), adds one, persists it and returns the
+/// file, whose [`BootFile::generation`] is this start's boot. The first start is 1
+/// (`shoal_runtime::boot::bump_boot`). The driver keeps the file and writes every boot the
+/// agent renews itself to when declared down before announcing it
+/// (`shoal_runtime::io::MeshIo::dispatch`).
 ///
 /// # Errors
-/// IO errors, or a counter file that does not parse.
-pub fn bump_boot(dir: &Path) -> io::Result<Generation> {
-    shoal_runtime::boot::bump_boot(dir, BOOT_FILE)
+/// IO errors, a counter file that does not parse, is larger than
+/// `shoal_runtime::boot::MAX_BOOT_FILE_BYTES` or holds `u64::MAX`: the agent must not start.
+pub fn open_boot(dir: &Path) -> io::Result<BootFile> {
+    BootFile::bump(dir, BOOT_FILE)
 }
 
 #[cfg(test)]
 mod tests {
     use std::fs;
+
+    use shoal_proto::Generation;
 
     use super::*;
 
@@ -214,7 +221,7 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
-        assert_eq!(bump_boot(dir.path()).unwrap(), Generation(1));
-        assert_eq!(bump_boot(dir.path()).unwrap(), Generation(2));
+        assert_eq!(open_boot(dir.path()).unwrap().generation(), Generation(1));
+        assert_eq!(open_boot(dir.path()).unwrap().generation(), Generation(2));
     }
 }

@@ -46,7 +46,7 @@ const COUNTERS: &[(&str, &str)] = &[
     ("shoal_metrics_connections_closed_total", "Metrics port connections closed by the agent, by why (header_timeout: no request head within [api] header_read_timeout_ms, idle keep-alive included; error)."),
     ("shoal_metrics_connections_refused_total", "Metrics port connections closed at accept over metrics_max_connections."),
     ("shoal_no_backend_total", "Pick requests answered \"no backend\" (503), by service (\"_unknown\" for a service neither in the catalog nor in the policy; one series \"_withheld\" for all when service keys are withheld, see metrics_service_labels)."),
-    ("shoal_persist_total", "Snapshot persistence attempts by result."),
+    ("shoal_persist_total", "Persistence attempts by result: the catalog snapshot; what=probes, local probe definitions; what=boot, a boot generation renewed by a rejoin written to <data_dir>/boot (on error the agent runs under the unwritten generation and retries every second)."),
     ("shoal_probe_exec_total", "Exec probe incidents by result (spawn_error, timeout_killed)."),
     ("shoal_probes_total", "Health probes run, by kind and result."),
     ("shoal_push_pull_lists_total", "Membership push-pull lists, by outcome (sent, limited)."),

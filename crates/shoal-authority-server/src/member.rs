@@ -33,8 +33,8 @@ use metrics::{counter, gauge};
 use shoal_catalog::Keyring;
 use shoal_mesh::{Command, MemberId, MembershipEvent, Mesh, MeshConfig, MeshEvent};
 use shoal_proto::envelope::MAX_STREAM_MESSAGE_BYTES;
-use shoal_proto::{Generation, NodeId, Region, SignedLifecycle, SigningKey, Zone};
-use shoal_runtime::boot::{random_u64, Jitter};
+use shoal_proto::{NodeId, Region, SignedLifecycle, SigningKey, Zone};
+use shoal_runtime::boot::{random_u64, BootFile, Jitter};
 use shoal_runtime::clock::MonoClock;
 use shoal_runtime::io::MeshIo;
 use shoal_runtime::join::{resolve_seeds, Backoff};
@@ -194,16 +194,18 @@ impl MemberHandle {
     }
 }
 
-/// Bumps and returns the member's boot generation, persisted in `dir/mesh.boot`
+/// Bumps the member's boot generation, persisted in `dir/mesh.boot`
 /// (`shoal_runtime::boot::bump_boot`: temp file + fsync + rename), so every restart rejoins
-/// SWIM with a higher identity.
+/// SWIM with a higher identity, and returns the file: [`start`] hands it to the member's
+/// `MeshIo`, which writes every boot the member renews itself to when declared down before
+/// announcing it.
 ///
 /// # Errors
-/// The file cannot be read as a number or written.
-pub fn bump_boot(dir: &Path) -> anyhow::Result<Generation> {
+/// The file cannot be read as a number (or is larger than
+/// `shoal_runtime::boot::MAX_BOOT_FILE_BYTES`, or holds `u64::MAX`) or written.
+pub fn bump_boot(dir: &Path) -> anyhow::Result<BootFile> {
     shoal_transport::keyfile::ensure_private_dir(dir)?;
-    shoal_runtime::boot::bump_boot(dir, BOOT_FILE)
-        .with_context(|| format!("{}", dir.join(BOOT_FILE).display()))
+    BootFile::bump(dir, BOOT_FILE).with_context(|| format!("{}", dir.join(BOOT_FILE).display()))
 }
 
 /// Binds the transport, creates the mesh core with `identity = (node, listen, boot)` and spawns
@@ -215,9 +217,10 @@ pub fn bump_boot(dir: &Path) -> anyhow::Result<Generation> {
 pub fn start(
     s: MemberSettings,
     node: NodeId,
-    boot: Generation,
+    boot_file: BootFile,
     origin: Instant,
 ) -> anyhow::Result<MemberHandle> {
+    let boot = boot_file.generation();
     let mut tc = TransportConfig::with_tls(s.listen, s.tls.clone());
     tc.max_stream_message_bytes = s
         .mesh
@@ -262,7 +265,8 @@ pub fn start(
         io: MeshIo::new(
             transport,
             MonoClock::new(tokio::time::Instant::from_std(origin)),
-        ),
+        )
+        .with_boot_file(boot_file),
         view: handle.view.clone(),
         changed: handle.changed.clone(),
         data_dir: s.data_dir.clone(),
@@ -530,6 +534,13 @@ impl MemberDriver {
         counter!("shoal_authority_mesh_rejected_total", "reason" => "conflict")
             .absolute(merge.conflict);
         counter!("shoal_authority_mesh_send_errors_total").absolute(self.io.send_errors());
+        if let Some(boot) = self.io.boot_file() {
+            let b = boot.counters();
+            counter!("shoal_authority_mesh_boot_persist_total", "result" => "ok")
+                .absolute(b.writes);
+            counter!("shoal_authority_mesh_boot_persist_total", "result" => "error")
+                .absolute(b.write_errors);
+        }
         let t = self.io.transport_counters();
         counter!("shoal_authority_mesh_transport_dropped_total", "why" => "inbound")
             .absolute(t.inbound_dropped);

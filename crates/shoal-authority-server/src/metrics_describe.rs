@@ -32,6 +32,10 @@ const COUNTERS: &[(&str, &str)] = &[
         "Replica-set changes (members add/remove) handled, by operation and result.",
     ),
     (
+        "shoal_authority_mesh_boot_persist_total",
+        "Writes of a boot generation the embedded member renewed itself to after being declared down (mesh.boot), by result; on error the member runs under the unwritten generation and retries every second.",
+    ),
+    (
         "shoal_authority_mesh_book_persist_total",
         "Writes of the embedded member's address book (members.json), by result.",
     ),

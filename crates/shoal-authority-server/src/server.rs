@@ -174,8 +174,8 @@ impl Replica {
                     .node
                     .parse()
                     .map_err(|e| anyhow::anyhow!("members[].node {}: {e}", me.node))?;
-                let boot = member::bump_boot(&cfg.data_dir).context("mesh boot generation")?;
-                Some(member::start(settings, node, boot, started)?)
+                let boot_file = member::bump_boot(&cfg.data_dir).context("mesh boot generation")?;
+                Some(member::start(settings, node, boot_file, started)?)
             }
         };
 

@@ -20,6 +20,11 @@
 //! authority member) calls [`MeshIo::pump`].
 //!
 //! Polling order: the outputs are independent queues; none has to be drained first.
+//!
+//! The boot file: a member declared down renews its SWIM identity (boot + 1) inside the core,
+//! which then queues datagrams announcing it. With a [`BootFile`] attached
+//! ([`MeshIo::with_boot_file`]), [`MeshIo::dispatch`] writes the identity's boot to the file
+//! before it sends anything, so a later restart starts above every boot this life used.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -27,8 +32,10 @@ use std::time::Duration;
 
 use shoal_catalog::Verifier;
 use shoal_mesh::{Channel, Mesh, MeshEvent, Transmit};
+use shoal_proto::Generation;
 use shoal_transport::transport::{Channel as TChannel, Inbound, Transport, TransportCounters};
 
+use crate::boot::{BootFile, BootRecord};
 use crate::clock::MonoClock;
 
 /// How long the LEAVE announcement gets to go out before the transport closes, ms.
@@ -42,6 +49,8 @@ pub struct Outputs {
     events: Vec<MeshEvent>,
     /// The core's next timer deadline after the input, monotonic ms.
     next_timeout_ms: Option<u64>,
+    /// The boot of the core's SWIM identity after the input: what the transmits announce.
+    boot: Generation,
 }
 
 impl Outputs {
@@ -59,6 +68,8 @@ pub struct MeshIo {
     next_timeout_ms: Option<u64>,
     clock: MonoClock,
     send_errors: u64,
+    /// Where the member's boot generation is persisted; `None`: not persisted (tests).
+    boot_file: Option<BootFile>,
 }
 
 impl MeshIo {
@@ -69,7 +80,21 @@ impl MeshIo {
             next_timeout_ms: None,
             clock,
             send_errors: 0,
+            boot_file: None,
         }
+    }
+
+    /// Attaches the member's boot file (opened at start with [`BootFile::bump`]): from now on
+    /// [`MeshIo::dispatch`] writes every renewed boot generation to it before sending.
+    #[must_use]
+    pub fn with_boot_file(mut self, boot_file: BootFile) -> Self {
+        self.boot_file = Some(boot_file);
+        self
+    }
+
+    /// The boot file, when one is attached (its counters feed the metrics).
+    pub fn boot_file(&self) -> Option<&BootFile> {
+        self.boot_file.as_ref()
     }
 
     /// The transport (identity, counters, direct sends of non-mesh messages).
@@ -114,6 +139,7 @@ impl MeshIo {
             out.events.push(e);
         }
         out.next_timeout_ms = mesh.poll_timeout();
+        out.boot = mesh.membership().identity().boot;
         out
     }
 
@@ -121,8 +147,18 @@ impl MeshIo {
     /// SWIM and anti-entropy repair what is lost), keeps the core's next deadline for
     /// [`MeshIo::timer_due`] and returns the events for the host, in the order the core
     /// produced them.
+    ///
+    /// First, when the core renewed its identity (declared down, it rejoins under boot + 1)
+    /// and a boot file is attached, the new boot is written to it ([`BootFile::record`]:
+    /// atomic write and fsync), so nothing goes out under a generation the file does not hold.
+    /// If that write fails the transmits are sent all the same, the failure logged and
+    /// counted, and the write retried by a later dispatch (see [`BootFile::record`] for why).
     #[must_use = "the events are the host's to handle"]
     pub fn dispatch(&mut self, out: Outputs) -> Vec<MeshEvent> {
+        if let Some(file) = self.boot_file.as_mut() {
+            // Failures are logged and counted by the file itself.
+            let _: BootRecord = file.record(self.clock.now_ms(), out.boot);
+        }
         for t in out.transmits {
             let sent = match t.channel {
                 Channel::Datagram => self.transport.send_datagram(t.to, t.bytes),

@@ -2,7 +2,7 @@
 //! whole view; all drawn from one counter so they compare with each other.
 //!
 //! **Shape.** An index is a `u64` `(boot << 32) + n`: `boot` is this agent's boot generation
-//! (persisted in the data dir and bumped at every start, `crate::keys::bump_boot`), `n` counts
+//! (persisted in the data dir and bumped at every start, `crate::keys::open_boot`), `n` counts
 //! view changes since this boot started (from 1). It is the agent's own owner head
 //! `(owner_boot, seq)` packed in one number, so it never goes backwards across a restart: every
 //! index of boot `b + 1` is above every index of boot `b`, and a watcher that carries an index
