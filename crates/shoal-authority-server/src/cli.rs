@@ -3,7 +3,7 @@
 //! binary).
 
 use std::net::SocketAddr;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -323,7 +323,7 @@ pub(crate) fn prepare_key_out(out: &Path, force: bool) -> anyhow::Result<Overwri
             out.display()
         );
     }
-    let target = path_once_created(out);
+    let target = keyfile::path_once_created(out);
     if let Ok(meta) = std::fs::symlink_metadata(&target) {
         if meta.is_dir() {
             anyhow::bail!(
@@ -346,37 +346,6 @@ pub(crate) fn prepare_key_out(out: &Path, force: bool) -> anyhow::Result<Overwri
     } else {
         Overwrite::Refuse
     })
-}
-
-/// What `path` will name once its missing parent directories exist, found without creating
-/// them: its deepest existing ancestor, then the rest with `.` and `..` resolved by hand. The
-/// kernel cannot resolve `new/..` while `new` is missing, and nothing below a missing
-/// directory exists, so no symlink there can change what `..` means.
-fn path_once_created(path: &Path) -> PathBuf {
-    let parts: Vec<Component<'_>> = path.components().collect();
-    let mut existing = parts.len();
-    while existing > 0
-        && std::fs::symlink_metadata(parts[..existing].iter().collect::<PathBuf>()).is_err()
-    {
-        existing -= 1;
-    }
-    let mut out: PathBuf = parts[..existing].iter().collect();
-    let mut below = 0usize;
-    for part in &parts[existing..] {
-        match part {
-            Component::CurDir => {}
-            Component::ParentDir if below > 0 => {
-                out.pop();
-                below -= 1;
-            }
-            Component::Normal(_) => {
-                out.push(part);
-                below += 1;
-            }
-            other => out.push(other),
-        }
-    }
-    out
 }
 
 /// Runs an authority subcommand.

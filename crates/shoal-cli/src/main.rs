@@ -742,7 +742,7 @@ async fn watch(socket: &Path, key: &str, wait: u64, json_out: bool) -> anyhow::R
 }
 
 fn certs(cmd: CertsCmd) -> anyhow::Result<()> {
-    use shoal_transport::certs;
+    use shoal_transport::{certs, keyfile};
     match cmd {
         CertsCmd::Ca { region, out, force } => {
             let region: Region = region.parse().map_err(|e| anyhow::anyhow!("region: {e}"))?;
@@ -761,9 +761,11 @@ fn certs(cmd: CertsCmd) -> anyhow::Result<()> {
             let node: NodeId = node_id
                 .parse()
                 .map_err(|e| anyhow::anyhow!("node id: {e}"))?;
+            // As the outputs are checked: `--out new/..` names the CA next to `new`, which the
+            // kernel cannot resolve while `new` is missing.
             let ca = certs::CaFiles {
-                cert: out.join(format!("{region}-ca.pem")),
-                key: out.join(format!("{region}-ca-key.pem")),
+                cert: keyfile::path_once_created(&out.join(format!("{region}-ca.pem"))),
+                key: keyfile::path_once_created(&out.join(format!("{region}-ca-key.pem"))),
             };
             let f = certs::create_node_cert_with(
                 &ca,

@@ -496,10 +496,16 @@ pub fn read_pem_file(path: &Path) -> Result<String, CertError> {
 
 /// Checks every output before anything is written: with [`Overwrite::Refuse`] any existing
 /// entry at an output path, a dangling symlink included (`O_EXCL` refuses those too), fails the
-/// command before the first file is created.
+/// command before the first file is created, and before `out_dir` is created. Existence is
+/// judged on the path each output will have once `out_dir` exists
+/// ([`keyfile::path_once_created`]): `--out new/..` names files next to `new`, which the
+/// kernel cannot see while `new` is missing.
 fn prepare_out(out_dir: &Path, paths: &[&Path], overwrite: Overwrite) -> Result<(), CertError> {
     if overwrite == Overwrite::Refuse {
-        if let Some(p) = paths.iter().find(|p| std::fs::symlink_metadata(p).is_ok()) {
+        if let Some(p) = paths
+            .iter()
+            .find(|p| std::fs::symlink_metadata(keyfile::path_once_created(p)).is_ok())
+        {
             return Err(CertError::AlreadyExists {
                 path: p.to_path_buf(),
             });

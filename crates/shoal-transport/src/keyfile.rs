@@ -18,7 +18,7 @@
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 /// Why [`lock_pid_file`] could not take its lock.
 #[derive(Debug, thiserror::Error)]
@@ -307,6 +307,42 @@ fn parent(path: &Path) -> &Path {
 
 fn sync_parent(path: &Path) -> io::Result<()> {
     File::open(parent(path))?.sync_all()
+}
+
+/// What `path` will name once its missing parent directories exist, found without creating
+/// them: its deepest existing ancestor, then the rest with `.` and `..` resolved by hand. The
+/// kernel cannot resolve `new/..` while `new` is missing, and nothing below a missing
+/// directory exists, so no symlink there can change what `..` means.
+///
+/// Commands that create an output's missing directories check the output here first, and
+/// create the directories only once every check passed, so a refused run leaves no directory
+/// behind (`shoal certs`, `shoal authority keygen`, `shoal policy keygen`: `--out new/..` with
+/// the files present used to create `new/` and then refuse).
+pub fn path_once_created(path: &Path) -> PathBuf {
+    let parts: Vec<Component<'_>> = path.components().collect();
+    let mut existing = parts.len();
+    while existing > 0
+        && std::fs::symlink_metadata(parts[..existing].iter().collect::<PathBuf>()).is_err()
+    {
+        existing -= 1;
+    }
+    let mut out: PathBuf = parts[..existing].iter().collect();
+    let mut below = 0usize;
+    for part in &parts[existing..] {
+        match part {
+            Component::CurDir => {}
+            Component::ParentDir if below > 0 => {
+                out.pop();
+                below -= 1;
+            }
+            Component::Normal(_) => {
+                out.push(part);
+                below += 1;
+            }
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 /// Reads all of `path`, but refuses (without reading further) a file of more than `limit`
