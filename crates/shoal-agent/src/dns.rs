@@ -437,8 +437,9 @@ async fn respond<R: ResponseHandler>(
     }
     if info.protocol == hickory_proto::xfer::Protocol::Udp {
         // hickory would cap EDNS-less UDP answers at 4,096 bytes (RFC 1035 says 512) and
-        // cut at a record boundary itself; cutting here keeps whole SRV + address pairs
-        // out together and sets TC.
+        // cut at a record boundary itself; cutting here drops every additional record (the
+        // SRV targets' addresses) before any answer, keeps whole records, and sets TC so the
+        // client asks again over TCP.
         if fit_udp(&header, request, &mut a, udp_max) {
             header.set_truncated(true);
         }
