@@ -4,17 +4,14 @@
 //! Real gRPC over loopback; every wait is bounded.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use prost::bytes::BufMut;
 use prost::Message;
-use shoal_proto::{Region, Zone};
 use shoal_xds::resources::ResourceType;
-use shoal_xds::{Ads, Locality, View};
+use shoal_xds::ConnLimits;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
@@ -27,43 +24,8 @@ const UNDECODABLE: &str = "shoal_xds_requests_refused_total{reason=\"undecodable
 const ADS_PATH: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
 
-fn recorder() -> &'static PrometheusHandle {
-    static H: OnceLock<PrometheusHandle> = OnceLock::new();
-    H.get_or_init(|| PrometheusBuilder::new().install_recorder().unwrap())
-}
-
-/// The value of the series `series` (name and labels exactly as rendered) in a scrape.
-fn counter(series: &str) -> u64 {
-    recorder()
-        .render()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(series)
-                .and_then(|v| v.strip_prefix(' '))
-                .and_then(|v| v.trim().parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-async fn start() -> SocketAddr {
-    recorder();
-    let (views, rx) = tokio::sync::watch::channel(Arc::new(View::default()));
-    // Keep the sender alive for the whole test process: a closed channel ends every stream.
-    std::mem::forget(views);
-    let local = Locality {
-        region: Region::new("eu").unwrap(),
-        zone: Zone::new("eu-a").unwrap(),
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(shoal_xds::serve(
-        listener,
-        Ads::new(rx, local, 8),
-        Default::default(),
-        std::future::pending(),
-    ));
-    addr
-}
+mod support;
+use support::{counter, start};
 
 /// Sends each message's bytes as they are (a gRPC frame around arbitrary bytes) and decodes
 /// responses as `DiscoveryResponse`.
@@ -156,7 +118,7 @@ fn eds_subscribe() -> Vec<u8> {
 
 #[tokio::test]
 async fn an_undecodable_request_ends_the_stream_invalid_argument_and_is_counted() {
-    let addr = start().await;
+    let addr = start(ConnLimits::default(), 8).await;
     let before = counter(UNDECODABLE);
 
     // Field 1 (version_info, a string) with bytes that are not UTF-8; then a truncated varint.

@@ -3,15 +3,12 @@
 //! real ADS client keeps working throughout. Real sockets on loopback; every wait is bounded.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use shoal_proto::{Region, Zone};
 use shoal_xds::resources::ResourceType;
-use shoal_xds::{Ads, ConnLimits, Locality, View};
+use shoal_xds::ConnLimits;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -20,39 +17,8 @@ use tokio_stream::wrappers::ReceiverStream;
 /// Bound on every wait for the server (never reached when it works).
 const WAIT: Duration = Duration::from_secs(10);
 
-fn recorder() -> &'static PrometheusHandle {
-    static H: OnceLock<PrometheusHandle> = OnceLock::new();
-    H.get_or_init(|| PrometheusBuilder::new().install_recorder().unwrap())
-}
-
-/// The value of a counter line starting with `series` in a scrape (0 when absent).
-fn counter(series: &str) -> u64 {
-    recorder()
-        .render()
-        .lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
-        .unwrap_or(0)
-}
-
-async fn start(limits: ConnLimits) -> SocketAddr {
-    recorder();
-    let (_views, rx) = tokio::sync::watch::channel(Arc::new(View::default()));
-    // Keep the sender alive for the whole test process: a closed channel ends every stream.
-    std::mem::forget(_views);
-    let local = Locality {
-        region: Region::new("eu").unwrap(),
-        zone: Zone::new("eu-a").unwrap(),
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(shoal_xds::serve(
-        listener,
-        Ads::new(rx, local, 64),
-        limits,
-        std::future::pending(),
-    ));
-    addr
-}
+mod support;
+use support::{counter, start};
 
 /// Whether the server closes `s` (EOF or reset) within [`WAIT`].
 async fn closed_by_server(s: &mut TcpStream) -> bool {
@@ -93,13 +59,16 @@ async fn ads_round_trip(addr: SocketAddr) -> Result<(), String> {
 async fn connections_past_the_cap_are_closed_at_accept_and_counted() {
     const CAP: usize = 32;
     const OPENED: usize = 300;
-    let addr = start(ConnLimits {
-        max_connections: CAP,
-        handshake_timeout: Duration::from_secs(60),
-        keepalive: Duration::from_secs(30),
-    })
+    let addr = start(
+        ConnLimits {
+            max_connections: CAP,
+            handshake_timeout: Duration::from_secs(60),
+            keepalive: Duration::from_secs(30),
+        },
+        64,
+    )
     .await;
-    let refused_before = counter("shoal_xds_connections_refused_total ");
+    let refused_before = counter("shoal_xds_connections_refused_total");
     let mut held = Vec::new();
     for _ in 0..CAP {
         held.push(TcpStream::connect(addr).await.unwrap());
@@ -115,7 +84,7 @@ async fn connections_past_the_cap_are_closed_at_accept_and_counted() {
     let closed = watching.join_all().await.into_iter().filter(|c| *c).count();
     assert_eq!(closed, OPENED - CAP, "every connection past the cap closed");
     assert!(
-        counter("shoal_xds_connections_refused_total ") - refused_before >= (OPENED - CAP) as u64,
+        counter("shoal_xds_connections_refused_total") - refused_before >= (OPENED - CAP) as u64,
         "refusals counted"
     );
     // While the cap is full a real client is refused too; once the idle holders go, it is served.
@@ -136,13 +105,16 @@ async fn connections_past_the_cap_are_closed_at_accept_and_counted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_connections_are_closed_after_the_handshake_timeout_and_clients_stay() {
     let timeout = Duration::from_millis(300);
-    let addr = start(ConnLimits {
-        max_connections: 64,
-        handshake_timeout: timeout,
-        keepalive: Duration::from_secs(30),
-    })
+    let addr = start(
+        ConnLimits {
+            max_connections: 64,
+            handshake_timeout: timeout,
+            keepalive: Duration::from_secs(30),
+        },
+        64,
+    )
     .await;
-    let closed_before = counter("shoal_xds_connections_closed_total{why=\"handshake_timeout\"} ");
+    let closed_before = counter("shoal_xds_connections_closed_total{why=\"handshake_timeout\"}");
 
     // A real client's stream opened before the deadline survives it.
     let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{addr}"))
@@ -184,7 +156,7 @@ async fn silent_connections_are_closed_after_the_handshake_timeout_and_clients_s
     );
     assert!(started.elapsed() >= timeout, "not before the timeout");
     assert!(
-        counter("shoal_xds_connections_closed_total{why=\"handshake_timeout\"} ") - closed_before
+        counter("shoal_xds_connections_closed_total{why=\"handshake_timeout\"}") - closed_before
             >= 2
     );
 

@@ -43,17 +43,13 @@ impl<V: Verifier> Mesh<V> {
     /// rollout). Only these skip the ordinary coalescing window. Call before merging `rec`.
     pub(super) fn is_urgent_lifecycle(&self, rec: &SignedLifecycle) -> bool {
         let r = &rec.record;
-        let held = || {
-            self.catalog
-                .entry(&r.key, &r.instance)
-                .map(|e| e.lifecycle().record.state)
-        };
-        match r.state {
-            LifecycleState::Expired if r.reason != TransitionReason::LeaseExpired => {
-                urgent_lifecycle(rec, held())
-            }
-            _ => urgent_lifecycle(rec, None),
-        }
+        // Only an authority's EXPIRED depends on what is held: look the entry up for it alone.
+        let held = (r.state == LifecycleState::Expired
+            && r.reason != TransitionReason::LeaseExpired)
+            .then(|| self.catalog.entry(&r.key, &r.instance))
+            .flatten()
+            .map(|e| e.lifecycle().record.state);
+        urgent_lifecycle(rec, held)
     }
 
     pub(super) fn on_lifecycle_applied(
