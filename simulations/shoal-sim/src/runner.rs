@@ -54,6 +54,14 @@ pub trait Harness {
         let _ = (world, fault);
     }
 
+    /// Maps of simulated agents' state swapped for a shared equal copy to save memory (the
+    /// mesh harness's catalog sharing passes), if the harness shares any. An engine figure like
+    /// the event count: it moves with how state is stored, never with what the protocol did,
+    /// so it goes to [`Speed`], not to the [`Report`].
+    fn maps_shared(&self) -> Option<u64> {
+        None
+    }
+
     /// Called once at the end: add distributions, series, checks and plot samples.
     fn finish(
         &mut self,
@@ -130,6 +138,9 @@ pub struct Speed {
     pub parallel_windows: u64,
     /// Events handled in parallel windows; the rest ran one at a time.
     pub parallel_events: u64,
+    /// Maps swapped for shared equal copies ([`Harness::maps_shared`]), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub maps_shared: Option<u64>,
 }
 
 /// Everything a run produced.
@@ -519,6 +530,7 @@ pub fn run<H: Harness>(
         threads: cfg.threads,
         parallel_windows: world.parallel_windows(),
         parallel_events: world.parallel_events(),
+        maps_shared: harness.maps_shared(),
     };
     Ok(Outcome {
         report,

@@ -429,6 +429,10 @@ impl ShoalHarness {
 impl Harness for ShoalHarness {
     type Node = ShoalNode;
 
+    fn maps_shared(&self) -> Option<u64> {
+        Some(self.maps_shared)
+    }
+
     fn make_node(&mut self, ctx: &NodeCtx) -> ShoalNode {
         let topo = &ctx.topology;
         let region = topo.node(ctx.index).region;

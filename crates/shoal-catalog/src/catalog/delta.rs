@@ -1,6 +1,8 @@
 //! Whole-catalog merges and deltas: what one catalog sends another for a range of revisions or
 //! health sequences, and applying what arrives (with the completeness claims that close gaps).
 
+use std::ops::Bound;
+
 use super::*;
 
 impl Catalog {
@@ -93,7 +95,10 @@ impl Catalog {
         }
         let mut records = Vec::new();
         let mut truncated_at = None;
-        for (rev, rec) in state.by_revision.range(since.next()..) {
+        for (rev, rec) in state
+            .by_revision
+            .range(Bound::Included(since.next()), Bound::Unbounded)
+        {
             if records.len() == max_records {
                 truncated_at = Some(Revision(rev.0 - 1));
                 break;

@@ -39,6 +39,9 @@ use crate::verify::Verifier;
 mod delta;
 mod gc;
 mod merge;
+mod revisions;
+
+pub use revisions::RevisionIndex;
 
 use delta::tally;
 
@@ -188,7 +191,7 @@ struct RegionState {
     head: ChainHead,
     gc_floor: Revision,
     /// Current record of every held entry, by its revision (the record names its key).
-    by_revision: OrdMap<Revision, Arc<SignedLifecycle>>,
+    by_revision: RevisionIndex,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

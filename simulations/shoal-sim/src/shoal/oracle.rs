@@ -212,7 +212,6 @@ impl ShoalHarness {
         // Counters.
         let c = &mut report.counters;
         c.insert("picks".into(), self.picks);
-        c.insert("catalog_maps_shared".into(), self.maps_shared);
         c.insert("picks_no_backend".into(), self.no_backend);
         c.insert(
             "picks_of_withdrawn".into(),
