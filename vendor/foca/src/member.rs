@@ -461,11 +461,10 @@ where
             // every caller passes it empty, but stay exact if one does not.
             match excluded {
                 Some(ex) => self.choose_members(wanted, output, rng, |member| {
-                    member.is_active() == active
-                        && !core::ptr::eq(member, &self.inner[ex])
+                    member.is_active() == active && !core::ptr::eq(member, &self.inner[ex])
                 }),
                 None => {
-                    self.choose_members(wanted, output, rng, |member| member.is_active() == active)
+                    self.choose_members(wanted, output, rng, |member| member.is_active() == active);
                 }
             }
             return;
@@ -481,10 +480,10 @@ where
             if (w + 1) * 64 > len {
                 bits &= (1u64 << (len - w * 64)) - 1;
             }
-            if let Some(ex) = excluded {
-                if ex / 64 == w {
-                    bits &= !(1u64 << (ex % 64));
-                }
+            if let Some(ex) = excluded
+                && ex / 64 == w
+            {
+                bits &= !(1u64 << (ex % 64));
             }
             bits
         };
