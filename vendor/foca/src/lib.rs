@@ -515,11 +515,11 @@ where
         mut runtime: impl Runtime<T>,
     ) -> Result<()> {
         self.choice_buf.clear();
-        self.members.choose_active_members(
+        self.members.choose_active_members_except(
             num_members,
             &mut self.choice_buf,
             &mut self.rng,
-            |_| true,
+            None,
         );
 
         while let Some(chosen) = self.choice_buf.pop() {
@@ -672,11 +672,11 @@ where
                 }
 
                 self.choice_buf.clear();
-                self.members.choose_active_members(
+                self.members.choose_active_members_except(
                     self.config.num_indirect_probes.get(),
                     &mut self.choice_buf,
                     &mut self.rng,
-                    |candidate| candidate != &probed_id,
+                    Some(&probed_id),
                 );
 
                 #[cfg(feature = "tracing")]
@@ -1484,14 +1484,14 @@ where
 
             if header.message.piggyback_only_active() {
                 self.choice_buf.clear();
-                self.members.choose_active_members(
+                self.members.choose_active_members_except(
                     // Done in order to prevent copying and sorting a large
                     // set of members just to not use them at all because
                     // they don't fit the remaining buffer
                     self.estimate_feed_capacity(buf.remaining_mut()),
                     &mut self.choice_buf,
                     &mut self.rng,
-                    |member| member != &dst,
+                    Some(&dst),
                 );
 
                 while let Some(chosen) = self.choice_buf.pop() {

@@ -145,6 +145,11 @@ impl<T> Member<T> {
 pub(crate) struct Members<T: crate::Identity> {
     pub(crate) inner: Vec<Member<T>>,
     index: HashMap<T::Addr, u32, BuildHasherDefault<AddrHasher>>,
+    // shoal patch: bit `i` is set when `inner[i]` is active, so that the
+    // reservoir sampling of `choose_active_members_except` and
+    // `choose_down_members` counts its candidates without reading every
+    // member (a 64-byte `Member<MemberId>` each, 1,667 per shoal region).
+    active_bits: Vec<u64>,
     cursor: usize,
     num_active: usize,
 }
@@ -237,18 +242,77 @@ where
             num_active,
             inner,
             index: HashMap::default(),
+            active_bits: Vec::new(),
         };
         members.rebuild_index();
         members
     }
 
+    // shoal patch: the activeness bitmap's word and mask for a position.
+    const fn bit(pos: usize) -> (usize, u64) {
+        (pos / 64, 1 << (pos % 64))
+    }
+
+    fn is_active_at(&self, pos: usize) -> bool {
+        let (word, mask) = Self::bit(pos);
+        self.active_bits[word] & mask != 0
+    }
+
+    fn set_active_at(&mut self, pos: usize, active: bool) {
+        let (word, mask) = Self::bit(pos);
+        if active {
+            self.active_bits[word] |= mask;
+        } else {
+            self.active_bits[word] &= !mask;
+        }
+    }
+
+    // shoal patch: `inner` grew by one (its last member): the bitmap too.
+    fn push_active_bit(&mut self) {
+        let pos = self.inner.len() - 1;
+        if pos / 64 >= self.active_bits.len() {
+            self.active_bits.push(0);
+        }
+        self.set_active_at(pos, self.inner[pos].is_active());
+    }
+
+    // shoal patch: `inner` lost its last position (after a `swap_remove`,
+    // which moved the last member to `pos`): the bitmap too.
+    fn swap_remove_active_bit(&mut self, pos: usize) {
+        let last = self.inner.len();
+        let moved = self.is_active_at(last);
+        self.set_active_at(last, false);
+        if pos < last {
+            self.set_active_at(pos, moved);
+        }
+        self.active_bits.truncate(last.div_ceil(64));
+    }
+
+    #[cfg(test)]
+    pub(crate) fn check_active_bits(&self) {
+        assert_eq!(self.active_bits.len(), self.inner.len().div_ceil(64), "bitmap length");
+        for (pos, member) in self.inner.iter().enumerate() {
+            assert_eq!(self.is_active_at(pos), member.is_active(), "bit {pos}");
+        }
+        let tail = self.active_bits.iter().map(|w| w.count_ones() as usize).sum::<usize>();
+        assert_eq!(tail, self.num_active, "no bit set past the end");
+    }
+
     // shoal patch: positions of every member, after `inner` was reordered.
     // With duplicated addresses (only possible through `new`), the first
     // position wins, as the linear scan it replaces found the first one.
+    // The activeness bitmap is rebuilt along with it.
     fn rebuild_index(&mut self) {
         self.index.clear();
         for (pos, member) in self.inner.iter().enumerate() {
             self.index.entry(member.id.addr()).or_insert(index_position(pos));
+        }
+        self.active_bits.clear();
+        self.active_bits.resize(self.inner.len().div_ceil(64), 0);
+        for pos in 0..self.inner.len() {
+            if self.inner[pos].is_active() {
+                self.set_active_at(pos, true);
+            }
         }
     }
 
@@ -260,6 +324,9 @@ where
         self.inner.swap(a, b);
         self.index.insert(self.inner[a].id.addr(), index_position(a));
         self.index.insert(self.inner[b].id.addr(), index_position(b));
+        let (bit_a, bit_b) = (self.is_active_at(a), self.is_active_at(b));
+        self.set_active_at(a, bit_b);
+        self.set_active_at(b, bit_a);
     }
 
     // shoal patch: the position of the member with this address.
@@ -350,7 +417,113 @@ where
         output: &mut Vec<Member<T>>,
         rng: impl RngExt,
     ) {
-        self.choose_members(wanted, output, rng, |member| !member.is_active());
+        self.choose_by_bits(wanted, output, rng, false, None);
+    }
+
+    /// shoal patch: `choose_active_members(wanted, output, rng, |id| id
+    /// != except)` (every active member when `except` is `None`), with
+    /// exactly its RNG draws and its result, but without reading the
+    /// members that are not chosen: see `choose_by_bits`.
+    pub(crate) fn choose_active_members_except(
+        &self,
+        wanted: usize,
+        output: &mut Vec<Member<T>>,
+        rng: impl RngExt,
+        except: Option<&T>,
+    ) {
+        // Addresses are unique in `inner`, so at most one member has the
+        // identity `except`: the one at its address, if the rest matches.
+        let excluded = except.and_then(|id| {
+            self.position_of(&id.addr())
+                .filter(|&pos| &self.inner[pos].id == id)
+        });
+        self.choose_by_bits(wanted, output, rng, true, excluded);
+    }
+
+    /// shoal patch: `choose_members` over the members whose activeness is
+    /// `active` (but the one at position `excluded`), read from the
+    /// bitmap. The reservoir sampling only depends on how many candidates
+    /// came before each one, so it runs on candidate ordinals (the same
+    /// draw, `random_range(0..num_seen)`, for every candidate past the
+    /// `wanted`-th, as in `choose_members`), and only the ordinals that
+    /// end up chosen are mapped back to members, in one pass over the
+    /// bitmap's words. Same RNG draws, same result, same output order.
+    fn choose_by_bits(
+        &self,
+        wanted: usize,
+        output: &mut Vec<Member<T>>,
+        mut rng: impl RngExt,
+        active: bool,
+        excluded: Option<usize>,
+    ) {
+        if !output.is_empty() {
+            // `choose_members` replaces at absolute positions of `output`;
+            // every caller passes it empty, but stay exact if one does not.
+            match excluded {
+                Some(ex) => self.choose_members(wanted, output, rng, |member| {
+                    member.is_active() == active && !core::ptr::eq(member, &self.inner[ex])
+                }),
+                None => {
+                    self.choose_members(wanted, output, rng, |member| member.is_active() == active);
+                }
+            }
+            return;
+        }
+        let len = self.inner.len();
+        // The candidates' bits of word `w` (no bit past `len`).
+        let word = |w: usize| -> u64 {
+            let mut bits = if active {
+                self.active_bits[w]
+            } else {
+                !self.active_bits[w]
+            };
+            if (w + 1) * 64 > len {
+                bits &= (1u64 << (len - w * 64)) - 1;
+            }
+            if let Some(ex) = excluded
+                && ex / 64 == w
+            {
+                bits &= !(1u64 << (ex % 64));
+            }
+            bits
+        };
+        let words = self.active_bits.len();
+        let candidates: usize = (0..words).map(|w| word(w).count_ones() as usize).sum();
+
+        // Reservoir sampling of candidate ordinals.
+        let mut chosen: Vec<(usize, usize)> = (0..wanted.min(candidates)).map(|o| (o, 0)).collect();
+        let mut num_seen = wanted.min(candidates);
+        while num_seen < candidates {
+            num_seen += 1;
+            let replace_at = rng.random_range(0..num_seen);
+            if replace_at < wanted {
+                chosen[replace_at].0 = num_seen - 1;
+            }
+        }
+
+        // Map the chosen ordinals to positions (`chosen[i].1`), in
+        // ascending order of ordinal, in one pass over the words.
+        let mut by_ordinal: Vec<usize> = (0..chosen.len()).collect();
+        by_ordinal.sort_unstable_by_key(|&slot| chosen[slot].0);
+        let mut pending = by_ordinal.into_iter().peekable();
+        let mut before = 0; // candidates in the words already passed
+        for w in 0..words {
+            if pending.peek().is_none() {
+                break;
+            }
+            let bits = word(w);
+            let here = bits.count_ones() as usize;
+            while let Some(slot) = pending.next_if(|&slot| chosen[slot].0 < before + here) {
+                // The (ordinal - before)-th set bit of `bits`.
+                let mut rest = bits;
+                for _ in 0..chosen[slot].0 - before {
+                    rest &= rest - 1;
+                }
+                chosen[slot].1 = w * 64 + rest.trailing_zeros() as usize;
+            }
+            before += here;
+        }
+        output.extend(chosen.iter().map(|&(_, pos)| self.inner[pos].clone()));
     }
 
     pub(crate) fn choose_active_members<F>(
@@ -379,6 +552,7 @@ where
             if let Some(moved) = self.inner.get(pos) {
                 self.index.insert(moved.id.addr(), index_position(pos));
             }
+            self.swap_remove_active_bit(pos);
             removed
         })
     }
@@ -404,10 +578,8 @@ where
         mut update: Member<T>,
         condition: F,
     ) -> Option<ApplySummary<T>> {
-        if let Some(known_member) = self
-            .position_of(&update.id().addr())
-            .map(|pos| &mut self.inner[pos])
-        {
+        if let Some(known_pos) = self.position_of(&update.id().addr()) {
+            let known_member = &mut self.inner[known_pos];
             let id_conflict = known_member.id != update.id;
 
             // If the update wins the conflict, the full member
@@ -452,6 +624,7 @@ where
             let changed_active_set = is_active_now != was_active;
 
             if changed_active_set {
+                self.set_active_at(known_pos, is_active_now);
                 // XXX Overzealous checking
                 if is_active_now {
                     self.num_active = self.num_active.saturating_add(1);
@@ -482,6 +655,7 @@ where
                 self.inner.push(update);
                 let inserted_at = self.inner.len() - 1;
                 self.index.insert(addr, index_position(inserted_at));
+                self.push_active_bit();
 
                 let swap_idx = (0..self.inner.len())
                     .choose(&mut rng)
@@ -970,11 +1144,11 @@ mod tests {
     // address conflicts (identities that share an address).
     #[derive(Clone, Debug, PartialEq, Eq, Copy, PartialOrd, Ord)]
     struct GenId {
-        addr: u8,
+        addr: u16,
         generation: u8,
     }
     impl crate::Identity for GenId {
-        type Addr = u8;
+        type Addr = u16;
 
         fn renew(&self) -> Option<Self> {
             None
@@ -991,21 +1165,29 @@ mod tests {
 
     #[test]
     fn indexed_members_behave_like_linear_scans() {
+        // 24 addresses: conflicts and renames are frequent; 300: the
+        // activeness bitmap spans several words (and a partial last one).
+        for (addrs, seeds) in [(24, 0..64u64), (300, 64..80u64)] {
+            members_behave_like_linear_scans(addrs, seeds);
+        }
+    }
+
+    fn members_behave_like_linear_scans(addrs: u16, seeds: core::ops::Range<u64>) {
         use super::scan_reference::ScanMembers;
 
-        for seed in 0..64u64 {
+        for seed in seeds {
             let mut ops = SmallRng::seed_from_u64(seed);
             let mut rng_indexed = SmallRng::seed_from_u64(seed ^ 0xF0CA);
             let mut rng_scan = rng_indexed.clone();
             let mut indexed = Members::new(Vec::new());
             let mut scan = ScanMembers::new(Vec::new());
             let random_id = |ops: &mut SmallRng| GenId {
-                addr: ops.random_range(0..24),
+                addr: ops.random_range(0..addrs),
                 generation: ops.random_range(0..3),
             };
 
             for step in 0..2_000 {
-                let what = ops.random_range(0..10);
+                let what = ops.random_range(0..11);
                 match what {
                     0..=3 => {
                         let state = [State::Alive, State::Suspect, State::Down]
@@ -1055,9 +1237,49 @@ mod tests {
                             "seed {seed} step {step}: next"
                         );
                     }
+                    10 => {
+                        // What foca's callers ask: every active member
+                        // but one identity (or none), including wanted
+                        // counts above the number of candidates.
+                        let wanted = ops.random_range(0..8);
+                        let except = random_id(&mut ops);
+                        let except = ops.random_bool(0.8).then_some(except);
+                        // Usually a member's exact identity.
+                        let except = match except {
+                            Some(_) if ops.random_bool(0.7) && !scan.inner.is_empty() => {
+                                Some(scan.inner[ops.random_range(0..scan.inner.len())].id)
+                            }
+                            other => other,
+                        };
+                        let (mut got_indexed, mut got_scan) = (Vec::new(), Vec::new());
+                        indexed.choose_active_members_except(
+                            wanted,
+                            &mut got_indexed,
+                            &mut rng_indexed,
+                            except.as_ref(),
+                        );
+                        scan.choose_active_members(wanted, &mut got_scan, &mut rng_scan, |id| {
+                            Some(id) != except.as_ref()
+                        });
+                        assert_eq!(got_indexed, got_scan, "seed {seed} step {step}: except");
+                        // A non-empty output takes the exact fallback.
+                        let (mut got_indexed, mut got_scan) =
+                            (vec![Member::alive(except.unwrap_or(GenId { addr: 0, generation: 0 }))], Vec::new());
+                        got_scan.clone_from(&got_indexed);
+                        indexed.choose_active_members_except(
+                            wanted,
+                            &mut got_indexed,
+                            &mut rng_indexed,
+                            except.as_ref(),
+                        );
+                        scan.choose_active_members(wanted, &mut got_scan, &mut rng_scan, |id| {
+                            Some(id) != except.as_ref()
+                        });
+                        assert_eq!(got_indexed, got_scan, "seed {seed} step {step}: except, fallback");
+                    }
                     _ => {
                         let wanted = ops.random_range(0..6);
-                        let skip = ops.random_range(0..24u8);
+                        let skip = ops.random_range(0..addrs);
                         let (mut got_indexed, mut got_scan) = (Vec::new(), Vec::new());
                         if what == 8 {
                             indexed.choose_active_members(
@@ -1080,6 +1302,7 @@ mod tests {
                     }
                 }
                 assert_eq!(indexed.inner, scan.inner, "seed {seed} step {step}: order");
+                indexed.check_active_bits();
                 assert_eq!(indexed.num_active(), scan.num_active(), "seed {seed} step {step}");
                 assert_eq!(indexed.cursor, scan.cursor, "seed {seed} step {step}: cursor");
             }
