@@ -1,8 +1,6 @@
 //! Whole-catalog merges and deltas: what one catalog sends another for a range of revisions or
 //! health sequences, and applying what arrives (with the completeness claims that close gaps).
 
-use std::ops::Bound;
-
 use super::*;
 
 impl Catalog {
@@ -95,10 +93,7 @@ impl Catalog {
         }
         let mut records = Vec::new();
         let mut truncated_at = None;
-        for (rev, rec) in state
-            .by_revision
-            .range(Bound::Included(since.next()), Bound::Unbounded)
-        {
+        for (rev, rec) in state.by_revision.range(since.next()..) {
             if records.len() == max_records {
                 truncated_at = Some(Revision(rev.0 - 1));
                 break;

@@ -1,8 +1,6 @@
 //! Tombstone garbage collection, sharing equal maps between catalogs, and installing
 //! snapshots.
 
-use std::ops::Bound;
-
 use super::*;
 
 impl Catalog {
@@ -20,10 +18,7 @@ impl Catalog {
             return 0;
         }
         let mut doomed = Vec::new();
-        for (rev, rec) in state
-            .by_revision
-            .range(Bound::Unbounded, Bound::Included(horizon))
-        {
+        for (rev, rec) in state.by_revision.range(..=horizon) {
             if rec.record.state == LifecycleState::Expired {
                 doomed.push((*rev, rec.record.key.clone(), rec.record.instance.clone()));
             }
@@ -71,24 +66,21 @@ impl Catalog {
         if keys_shared {
             self.node_keys = other.node_keys.clone();
         }
-        let differing: Vec<Region> = self
+        let regions: Vec<Region> = self
             .regions
             .iter()
             .filter(|(r, s)| {
-                other
-                    .regions
-                    .get(*r)
-                    .is_some_and(|o| !s.by_revision.ptr_eq(&o.by_revision))
+                other.regions.get(*r).is_some_and(|o| {
+                    !s.by_revision.ptr_eq(&o.by_revision) && s.by_revision == o.by_revision
+                })
             })
             .map(|(r, _)| r.clone())
             .collect();
-        let mut regions = 0;
-        for r in &differing {
-            let theirs = &other.regions[r].by_revision;
-            let mine = &mut self.regions.get_mut(r).expect("listed").by_revision;
-            regions += mine.share_equal_chunks(theirs);
+        for r in &regions {
+            let shared = other.regions[r].by_revision.clone();
+            self.regions.get_mut(r).expect("listed").by_revision = shared;
         }
-        services.len() + owners.len() + regions + usize::from(keys_shared)
+        services.len() + owners.len() + regions.len() + usize::from(keys_shared)
     }
 
     // ---- snapshots -----------------------------------------------------------------------

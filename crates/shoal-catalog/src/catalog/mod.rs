@@ -39,9 +39,6 @@ use crate::verify::Verifier;
 mod delta;
 mod gc;
 mod merge;
-mod revisions;
-
-pub use revisions::RevisionIndex;
 
 use delta::tally;
 
@@ -191,7 +188,7 @@ struct RegionState {
     head: ChainHead,
     gc_floor: Revision,
     /// Current record of every held entry, by its revision (the record names its key).
-    by_revision: RevisionIndex,
+    by_revision: OrdMap<Revision, Arc<SignedLifecycle>>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
