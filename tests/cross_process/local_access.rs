@@ -298,6 +298,39 @@ fn a_torn_owners_file_keeps_addresses_taken_and_is_kept_aside() {
         (403, Some("address_in_use")),
         "{v}"
     );
+    // The same socket spelled as an IPv4-mapped IPv6 address is the same address (QA: these
+    // were accepted, and DNS then served B's backend under A's instance).
+    for (i, spelling) in ["[::ffff:10.0.0.8]:8080", "[::ffff:a00:8]:8080"]
+        .into_iter()
+        .enumerate()
+    {
+        let (code, v) = curl_as(
+            a,
+            &sock,
+            "POST",
+            &format!("{SVC}/register"),
+            Some(&reg(spelling, &format!("a-evil-v6-{i}"))),
+        );
+        assert_eq!(
+            (code, v["reason"].as_str()),
+            (403, Some("address_in_use")),
+            "{spelling}: {v}"
+        );
+    }
+    // An app registers in its agent's zone only (QA: a `zone-1` claim from a `zone-2` agent
+    // took every pick of `zone-1` callers).
+    let (code, v) = curl_as(
+        a,
+        &sock,
+        "POST",
+        &format!("{SVC}/register"),
+        Some("{\"instance\":\"a-elsewhere\",\"address\":\"10.0.9.9:8080\",\"zone\":\"z9\"}"),
+    );
+    assert_eq!(
+        (code, v["reason"].as_str()),
+        (403, Some("zone_not_local")),
+        "{v}"
+    );
 
     // Stop, tear owners.json (as `head -c N`), start again.
     agent.stop();

@@ -472,7 +472,7 @@ impl Owners {
     pub fn load(dir: &Path) -> Self {
         let path = dir.join(OWNERS_FILE);
         let mut map = BTreeMap::new();
-        let unreadable = match std::fs::read(&path) {
+        let unreadable = match crate::persist::read_state_file(&path) {
             Ok(b) => match serde_json::from_slice::<Vec<OwnedEntry>>(&b) {
                 Ok(v) => {
                     for e in v.into_iter().take(MAX_OWNED) {

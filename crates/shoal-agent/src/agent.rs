@@ -576,6 +576,14 @@ pub fn restore_probes(shared: &Arc<Shared>) {
             crate::metrics::rejected("probes_file", "bad_entry");
             continue;
         };
+        // Entries written before the API bounded probe timings (or edited by hand) are held to
+        // the same rules as a registration: a bad one is forgotten, not run.
+        if let Err(why) = e.probes.validate() {
+            crate::metrics::rejected("probes_file", "bad_probe");
+            tracing::error!(%key, %instance, error = %why, "persisted probes refused; not resumed");
+            shared.local_probes.remove(&key, &instance);
+            continue;
+        }
         let live = {
             let mesh = shared.mesh.read().expect("mesh lock");
             // Absent, or an older generation: the persisted snapshot predates the

@@ -50,7 +50,7 @@ impl DevAuthority {
     /// Loads the persisted state from `data_dir` (a corrupt file is logged and replaced).
     pub fn open(region: Region, node: NodeId, data_dir: &std::path::Path) -> Self {
         let path = data_dir.join(DEV_STATE_FILE);
-        let state = match std::fs::read(&path) {
+        let state = match crate::persist::read_state_file(&path) {
             Ok(b) => match AuthorityState::decode(&b) {
                 Ok(s) => s,
                 Err(e) => {

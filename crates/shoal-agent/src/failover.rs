@@ -156,7 +156,7 @@ impl Failover {
             inner: Mutex::new(FailoverState::new(region)),
         };
         let path = f.data_dir.join(POLICY_FILE);
-        if let Ok(bytes) = std::fs::read(&path) {
+        if let Ok(bytes) = crate::persist::read_state_file(&path) {
             let loaded = postcard::from_bytes::<SignedGlobalPolicy>(&bytes)
                 .map_err(|e| e.to_string())
                 .and_then(|p| {

@@ -73,7 +73,7 @@ impl LocalProbes {
     pub fn load(dir: &Path) -> Self {
         let path = dir.join(PROBES_FILE);
         let mut map = BTreeMap::new();
-        match std::fs::read(&path) {
+        match crate::persist::read_state_file(&path) {
             Ok(b) => match serde_json::from_slice::<Vec<PersistedProbes>>(&b) {
                 Ok(v) => {
                     for e in v.into_iter().take(MAX_PERSISTED) {

@@ -148,13 +148,29 @@ pub struct Refused {
     pub reason: String,
 }
 
+/// Largest state file the agent reads back from its data directory, bytes (256 MiB: a
+/// global snapshot of 100,000 endpoints is ~24 MiB; the owner and probe tables are bounded
+/// far below). A larger file is refused unread.
+pub const MAX_STATE_FILE_BYTES: u64 = 256 << 20;
+
+/// Reads a state file of the data directory: a regular file of at most
+/// [`MAX_STATE_FILE_BYTES`], opened without blocking (a FIFO in its place is refused, not
+/// waited on; see [`shoal_transport::keyfile::read_regular_bounded`]).
+///
+/// # Errors
+/// The open error (`NotFound` for a missing file), or `InvalidData` for a file that is not a
+/// regular file or is too large.
+pub fn read_state_file(path: &Path) -> io::Result<Vec<u8>> {
+    shoal_transport::keyfile::read_regular_bounded(path, MAX_STATE_FILE_BYTES)
+}
+
 /// Loads the newest snapshot that passes every check. Returns it (if any) and the files
 /// refused on the way.
 pub fn load_snapshot(dir: &Path, verifier: &dyn Verifier) -> (Option<Loaded>, Vec<Refused>) {
     let mut refused = Vec::new();
     for name in [SNAPSHOT_FILE, SNAPSHOT_PREV_FILE] {
         let path = dir.join(name);
-        let bytes = match fs::read(&path) {
+        let bytes = match read_state_file(&path) {
             Ok(b) => b,
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
             Err(e) => {

@@ -124,6 +124,14 @@ pub enum KeyFileError {
         /// Its permission bits.
         mode: u32,
     },
+    /// A private key path names something other than a regular file (a device such as
+    /// `/dev/zero`, a FIFO, a directory). Refused before its mode is judged, so that the
+    /// advice of [`KeyFileError::TooOpen`] (`chmod 600`) is never given for a device.
+    #[error("{}: not a regular file; a private key must be a file of its own", path.display())]
+    NotRegular {
+        /// The path.
+        path: PathBuf,
+    },
     /// The file does not exist.
     #[error("{}: file not found", path.display())]
     NotFound {
@@ -159,6 +167,7 @@ impl From<KeyFileError> for io::Error {
         let kind = match &e {
             KeyFileError::Exists { .. } => io::ErrorKind::AlreadyExists,
             KeyFileError::TooOpen { .. } => io::ErrorKind::PermissionDenied,
+            KeyFileError::NotRegular { .. } => io::ErrorKind::InvalidInput,
             KeyFileError::NotFound { .. } => io::ErrorKind::NotFound,
             KeyFileError::Io { source, .. } => source.kind(),
         };
@@ -356,6 +365,35 @@ pub fn path_once_created(path: &Path) -> PathBuf {
 pub fn read_bounded(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
     let f = File::open(path)?;
     let meta = f.metadata()?;
+    read_opened(f, &meta, limit)
+}
+
+/// Reads a state file this process wrote itself (its data directory: snapshots, the owner and
+/// probe tables, the policy): as [`read_bounded`], but only a regular file (symlinks are
+/// followed). The open never blocks, so a FIFO planted in the file's place cannot hang the
+/// process before it serves (QA: `mkfifo data/probes.json` kept an agent from ever binding
+/// its socket); a FIFO, device, socket or directory is refused unread.
+///
+/// # Errors
+/// As [`read_bounded`], plus [`io::ErrorKind::InvalidData`] for a file that is not a regular
+/// file. The errors do not name the file.
+pub fn read_regular_bounded(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = f.metadata()?;
+    if !meta.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "not a regular file (a FIFO, device, socket or directory); refusing to read it",
+        ));
+    }
+    read_opened(f, &meta, limit)
+}
+
+fn read_opened(f: File, meta: &std::fs::Metadata, limit: u64) -> io::Result<Vec<u8>> {
     let too_large = || {
         io::Error::new(
             io::ErrorKind::InvalidData,
@@ -392,10 +430,16 @@ fn human_bytes(n: u64) -> String {
 /// root-owned file may be readable by its group, as PostgreSQL allows for its key file).
 ///
 /// # Errors
-/// [`KeyFileError::TooOpen`]; [`KeyFileError::NotFound`] / [`KeyFileError::Io`].
+/// [`KeyFileError::NotRegular`]; [`KeyFileError::TooOpen`]; [`KeyFileError::NotFound`] /
+/// [`KeyFileError::Io`].
 pub fn check_private(path: &Path) -> Result<(), KeyFileError> {
     use std::os::unix::fs::MetadataExt;
     let meta = fs::metadata(path).map_err(|e| KeyFileError::io(path, e))?;
+    if !meta.is_file() {
+        return Err(KeyFileError::NotRegular {
+            path: path.to_path_buf(),
+        });
+    }
     let mode = meta.permissions().mode() & 0o7777;
     // Root-owned: group read is allowed (PostgreSQL's rule; see the module docs).
     let forbidden = if meta.uid() == 0 { 0o037 } else { 0o077 };
@@ -423,6 +467,39 @@ mod tests {
 
     fn mode(p: &Path) -> u32 {
         fs::metadata(p).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn devices_and_fifos_are_refused_without_blocking_or_chmod_advice() {
+        let err = check_private(Path::new("/dev/zero")).unwrap_err();
+        assert!(matches!(err, KeyFileError::NotRegular { .. }), "{err}");
+        assert!(!err.to_string().contains("chmod"), "{err}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("probes.json");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        // Would block forever in open(2) without O_NONBLOCK (no writer ever comes).
+        let err = read_regular_bounded(&fifo, 1024).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        let err = read_regular_bounded(Path::new("/dev/zero"), 1024).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        let err = read_regular_bounded(dir.path(), 1024).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        let file = dir.path().join("owners.json");
+        fs::write(&file, b"[]").unwrap();
+        assert_eq!(read_regular_bounded(&file, 1024).unwrap(), b"[]");
+        fs::write(&file, vec![b' '; 2048]).unwrap();
+        assert!(read_regular_bounded(&file, 1024).is_err());
+        assert_eq!(
+            read_regular_bounded(&dir.path().join("missing"), 1024)
+                .unwrap_err()
+                .kind(),
+            io::ErrorKind::NotFound
+        );
     }
 
     #[test]

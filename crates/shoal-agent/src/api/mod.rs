@@ -39,7 +39,8 @@ pub use json::{endpoint_json, RecordTimes};
 pub(crate) use query::percent_decode;
 pub(crate) use reads::service_view;
 pub use register::{
-    endpoint_address_problem, ensure_node_key_bound, register_instance, RegisterBody,
+    canonical_endpoint_address, endpoint_address_problem, ensure_node_key_bound, register_instance,
+    RegisterBody,
 };
 pub use writes::transition;
 

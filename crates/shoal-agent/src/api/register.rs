@@ -94,6 +94,15 @@ pub(super) fn check_lease(lease_ms: u32) -> Result<(), ApiError> {
     ))
 }
 
+/// `addr` with an IPv4-mapped IPv6 address (`[::ffff:a.b.c.d]:p`) written as the IPv4 address
+/// it is (`a.b.c.d:p`); any other address unchanged. Registered addresses are stored in this
+/// form, and compared in it (`check_address`, probe targets), so that one socket cannot be
+/// claimed twice under two spellings (QA: `[::ffff:127.0.0.50]:8080` slipped past
+/// `address_in_use` for another owner's `127.0.0.50:8080`, and DNS then served it).
+pub fn canonical_endpoint_address(addr: SocketAddr) -> SocketAddr {
+    SocketAddr::new(addr.ip().to_canonical(), addr.port())
+}
+
 pub(super) fn endpoint_spec(shared: &Shared, b: &RegisterBody) -> Result<EndpointSpec, ApiError> {
     if let Some(why) = endpoint_address_problem(b.address) {
         return Err(ApiError::bad(
@@ -112,7 +121,7 @@ pub(super) fn endpoint_spec(shared: &Shared, b: &RegisterBody) -> Result<Endpoin
         labels.push((dim, v.clone()));
     }
     let spec = EndpointSpec {
-        address: b.address,
+        address: canonical_endpoint_address(b.address),
         zone,
         version: Version::new(b.version.clone())
             .map_err(|e| ApiError::bad("bad_version", e.to_string()))?,
@@ -208,6 +217,36 @@ pub(super) fn check_owner(
     }
 }
 
+/// Refuses an instance in another zone than this agent's, unless `who` is an orchestrator or
+/// admin of `key`: an instance registered through the local agent runs on this node, so its
+/// zone is the node's (as Kubernetes takes an endpoint's zone from its node, not its pod).
+/// Without this, an app could claim the callers of another zone, whose picks prefer their own
+/// zone first (QA: an instance registered as `zone-1` from a `zone-2` agent took 5 of 5 picks
+/// on a `zone-1` agent).
+fn check_zone(
+    shared: &Shared,
+    who: &LocalCaller,
+    key: &ServiceKey,
+    zone: &Zone,
+) -> Result<(), ApiError> {
+    let local = &shared.cfg.zone;
+    if zone == local || shared.cfg.access.allows(who, Action::ChangeOthers, key) {
+        return Ok(());
+    }
+    Err(forbidden(
+        shared,
+        who,
+        "register",
+        Denied {
+            code: "zone_not_local",
+            reason: format!(
+                "this agent's instances run in its zone `{local}`; uid {} may not register one in zone `{zone}` (needs orchestrator/admin)",
+                who.uid
+            ),
+        },
+    ))
+}
+
 /// Refuses to register `addr` for `who` while a live (not EXPIRED) instance of this node at the
 /// same address is owned by another uid or has no recorded owner (an unreadable owners file,
 /// a full owner table), unless `who` may change that instance (orchestrator or admin of its
@@ -219,8 +258,9 @@ pub(super) fn check_address(
     who: &LocalCaller,
     key: &ServiceKey,
     instance: &InstanceId,
-    addr: std::net::SocketAddr,
+    addr: SocketAddr,
 ) -> Result<(), ApiError> {
+    let addr = canonical_endpoint_address(addr);
     let holder = {
         let mesh = shared.mesh.read().expect("mesh lock");
         let found = mesh
@@ -231,7 +271,7 @@ pub(super) fn check_address(
                 let r = &e.lifecycle().record;
                 r.owner == shared.cfg.node_id
                     && r.state != LifecycleState::Expired
-                    && r.endpoint.address == addr
+                    && canonical_endpoint_address(r.endpoint.address) == addr
             })
             .find_map(|(k, i, _)| {
                 // An instance whose owner is unknown (an unreadable owners file, a full owner
@@ -360,6 +400,7 @@ pub async fn register_instance(
     let endpoint = endpoint_spec(shared, b)?;
     let addr = endpoint.address;
     if let Some(who) = who {
+        check_zone(shared, who, &key, &endpoint.zone)?;
         check_address(shared, who, &key, &instance, addr)?;
     }
     // Our records must carry our key, or our health verifies nowhere else. If binding fails
@@ -477,6 +518,20 @@ fn claim_refused(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ipv4_mapped_addresses_are_stored_as_ipv4() {
+        for (given, stored) in [
+            ("[::ffff:127.0.0.50]:8080", "127.0.0.50:8080"),
+            ("[::ffff:7f00:32]:8080", "127.0.0.50:8080"),
+            ("127.0.0.50:8080", "127.0.0.50:8080"),
+            ("[2001:db8::1]:80", "[2001:db8::1]:80"),
+            ("[::1]:80", "[::1]:80"),
+        ] {
+            let given: SocketAddr = given.parse().unwrap();
+            assert_eq!(canonical_endpoint_address(given).to_string(), stored);
+        }
+    }
 
     #[test]
     fn unroutable_endpoint_addresses_are_refused_and_loopback_is_not() {
