@@ -623,14 +623,7 @@ mod tests {
 
     #[test]
     fn probe_timings_are_bounded() {
-        let base = ProbeSpec {
-            action: ProbeAction::Tcp { address: None },
-            period_ms: 1000,
-            timeout_ms: 500,
-            jitter_ms: 100,
-            success_threshold: 1,
-            failure_threshold: 3,
-        };
+        let base = spec(ProbeAction::Tcp { address: None }).unwrap();
         base.validate().unwrap();
         type Change = fn(&mut ProbeSpec);
         let bad: [(&str, Change); 7] = [
@@ -639,7 +632,7 @@ mod tests {
             ("period over 1 h", |p| p.period_ms = MAX_PROBE_PERIOD_MS + 1),
             ("timeout 1 ms", |p| p.timeout_ms = 1),
             ("jitter u64::MAX", |p| p.jitter_ms = u64::MAX),
-            ("jitter above period", |p| p.jitter_ms = 1001),
+            ("jitter above period", |p| p.jitter_ms = p.period_ms + 1),
             ("threshold huge", |p| p.failure_threshold = u32::MAX),
         ];
         for (what, change) in bad {
@@ -647,8 +640,8 @@ mod tests {
             change(&mut p);
             assert!(p.validate().is_err(), "{what} accepted");
         }
-        let mut floor = base.clone();
-        (floor.period_ms, floor.timeout_ms, floor.jitter_ms) = (MIN_PROBE_PERIOD_MS, 50, 0);
+        let mut floor = base;
+        (floor.period_ms, floor.timeout_ms) = (MIN_PROBE_PERIOD_MS, MIN_PROBE_TIMEOUT_MS);
         floor.validate().unwrap();
     }
 
@@ -657,18 +650,10 @@ mod tests {
         let own: SocketAddr = "127.0.0.50:8080".parse().unwrap();
         let mapped: SocketAddr = "[::ffff:127.0.0.50]:8080".parse().unwrap();
         let set = |address| ProbeSet {
-            startup: None,
-            readiness: Some(ProbeSpec {
-                action: ProbeAction::Tcp {
-                    address: Some(address),
-                },
-                period_ms: 1000,
-                timeout_ms: 500,
-                jitter_ms: 0,
-                success_threshold: 1,
-                failure_threshold: 1,
+            readiness: spec(ProbeAction::Tcp {
+                address: Some(address),
             }),
-            liveness: None,
+            ..ProbeSet::default()
         };
         assert_eq!(set(mapped).check_targets(own), Ok(()));
         assert_eq!(set(own).check_targets(mapped), Ok(()));
