@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{endpoint, eventually, http, Agent, PORT};
+use common::{endpoint, eventually, http, metric_sum, metrics_text, Agent, PORT};
 use serde_json::Value;
 use shoal_catalog::{snapshot, Keyring};
 use shoal_proto::{LifecycleState, SigningKey, TransitionReason, TransitionSource};
@@ -381,4 +381,50 @@ fn steady_state_write_rate() {
         assert_eq!(writes, 0, "steady state must write nothing through Raft");
         assert_eq!(after[i].1, before[i].1);
     }
+}
+
+/// The agent's authority client remembers the leader and a replica that stopped answering
+/// (crates/shoal-agent/src/client.rs, `Route`): with a follower killed, writes after the first
+/// go straight to the leader. Before, each call started at a random replica, so about two in
+/// three were redirected or timed out first (4 of 10 registrations took 1.1-1.2 s).
+#[test]
+fn writes_go_to_the_remembered_leader_past_a_dead_replica() {
+    let mut r = Region3::new(74, 1);
+    r.start_all();
+    wait_members(&r.agents[0], 3);
+    // The first write finds the leader (retrying while one is elected).
+    register(&r.agents[0], "warm-0", None);
+    let leader = eventually(WAIT, "a leader", || leader_index(&r));
+    let follower = (leader + 1) % 3;
+    r.auths[follower].kill9();
+    // One more write after the kill: the agent may still be mid-way through learning.
+    register(&r.agents[0], "warm-1", None);
+    let agent = &r.agents[0];
+    let metrics = format!("{}:{METRICS_PORT}", agent.ip);
+    let retries = || {
+        metric_sum(
+            &metrics_text(&metrics),
+            "shoal_reconnects_total",
+            &[("what", "authority")],
+        )
+    };
+    let before = retries();
+    for i in 0..10 {
+        let body = format!(
+            "{{\"instance\":\"web-{i}\",\"address\":\"{}:{}\"}}",
+            agent.ip,
+            9000 + i
+        );
+        let (code, v) = agent
+            .post(&format!("{SVC}/register"), &body)
+            .expect("agent answers");
+        assert_eq!(code, 200, "register web-{i}: {v}");
+    }
+    let after = retries();
+    assert_eq!(
+        after - before,
+        0.0,
+        "10 registrations with the leader known took {} extra attempts (follower {follower} dead, leader {leader})",
+        after - before
+    );
 }

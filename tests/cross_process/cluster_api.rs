@@ -383,3 +383,71 @@ fn ejection_cap_address_checks_and_error_shapes() {
     );
     assert_eq!(v["owner"], "node-a", "{v}");
 }
+
+/// A registration whose authority was stopped (`kill -STOP` of the dev authority's agent)
+/// answers 503 after the caller's budget; its attempts queue at the stopped process. When it
+/// resumes, the first attempt commits and the retries (same request id) are answered from the
+/// replay cache, not applied: one boot generation, one audit entry. The caller keeps the
+/// instance's ownership (the 503 may still commit), and may deregister it.
+#[test]
+fn a_registration_retried_into_a_stopped_authority_commits_once() {
+    let mut c = Cluster::new(44, 2);
+    c.start_all();
+    c.wait_converged(2, Duration::from_secs(30));
+    let (auth, b) = (&c.agents[0], &c.agents[1]);
+    let signal = |sig: &str| {
+        let pid = auth.child.as_ref().expect("running").id();
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {pid}");
+    };
+    // The agent binds its node key at start: wait for that write to be done.
+    eventually(Duration::from_secs(20), "node-b binds its key", || {
+        let (_, v) = b.get("/v1/agent/self")?;
+        (v["node_key_bound"] == true).then_some(())
+    });
+    signal("-STOP");
+    let body = r#"{"instance":"web-q","address":"10.44.0.9:80"}"#;
+    let answer = b.post(&format!("{SVC}/register"), body);
+    signal("-CONT");
+    let (code, v) = answer.expect("node-b answers");
+    assert_eq!(code, 503, "the authority was stopped: {v}");
+    let seen = eventually(
+        Duration::from_secs(20),
+        "web-q committed after the resume",
+        || {
+            let (_, v) = b.get(&format!("{SVC}/endpoints"))?;
+            endpoint(&v, "web-q").cloned()
+        },
+    );
+    // A write sent after the resume is read by node-a after the attempts queued before it.
+    let later = r#"{"instance":"web-r","address":"10.44.0.10:80"}"#;
+    eventually(Duration::from_secs(20), "a later registration", || {
+        let (code, _) = b.post(&format!("{SVC}/register"), later)?;
+        (code == 200).then_some(())
+    });
+    // The dev authority's audit log holds one line per applied command.
+    let audit = std::fs::read_to_string(c.tmp.path().join("data-node-a").join("audit.log"))
+        .unwrap_or_default();
+    let applied = audit.lines().filter(|l| l.contains("web-q")).count();
+    assert_eq!(
+        applied, 1,
+        "one registration, applied once; audit log:\n{audit}"
+    );
+    // No later generation superseded the one seen first.
+    let (_, v) = b.get(&format!("{SVC}/endpoints")).unwrap();
+    assert_eq!(
+        endpoint(&v, "web-q").unwrap()["generation"],
+        seen["generation"],
+        "{v}"
+    );
+    // The caller kept the instance's ownership through the 503.
+    let owners_file = c.tmp.path().join("data-node-b").join("owners.json");
+    let owners = std::fs::read_to_string(owners_file).unwrap();
+    assert!(
+        owners.contains("web-q"),
+        "owner kept after the 503: {owners}"
+    );
+}

@@ -201,6 +201,7 @@ pub async fn run_until(
         status: Mutex::new(status),
         driver: driver_tx,
         transport_view: quic.clone(),
+        authority_route: Mutex::new(Default::default()),
         cfg,
     });
     tracing::info!(node = %identity.node, addr = %identity.addr, boot = boot.0,

@@ -13,7 +13,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 
 use shoal_authority::{
-    ApplyContext, AuthorityCommand, AuthorityState, Caller, Query, Refusal, Routed, WriteAnswer,
+    Admission, ApplyContext, AuthorityCommand, AuthorityState, Caller, Query, Refusal, ReplayCache,
+    Routed, WriteAnswer,
 };
 use shoal_proto::rpc::{
     AuthorityError, AuthorityOk, AuthorityRequestBody, AuthorityStatus, LocalCaller,
@@ -44,6 +45,8 @@ pub struct DevAuthority {
     path: PathBuf,
     audit_path: PathBuf,
     audit_failed_logged: bool,
+    /// Committed answers of remote callers' writes, for their retries (`shoal_authority::replay`).
+    replays: ReplayCache,
 }
 
 impl DevAuthority {
@@ -67,6 +70,7 @@ impl DevAuthority {
             path,
             audit_path: data_dir.join(DEV_AUDIT_FILE),
             audit_failed_logged: false,
+            replays: ReplayCache::default(),
         }
     }
 
@@ -83,6 +87,36 @@ impl DevAuthority {
         body: AuthorityRequestBody,
     ) -> Result<AuthorityOk, AuthorityError> {
         self.handle_for(caller, body, None)
+    }
+
+    /// Handles request `request_id` from another agent: a retry of a write already committed
+    /// (the same `request_id` from the same caller within [`shoal_authority::replay::REPLAY_TTL_MS`])
+    /// is answered with the first answer and not applied again. Without this, the attempts an
+    /// agent queued while this one was stopped (`kill -STOP`) were all applied when it resumed:
+    /// one registration became five boot generations.
+    pub fn handle_request(
+        &mut self,
+        caller: NodeId,
+        request_id: u64,
+        body: AuthorityRequestBody,
+        on_behalf_of: Option<LocalCaller>,
+        now_ms: u64,
+    ) -> Result<AuthorityOk, AuthorityError> {
+        if !body.is_write() {
+            return self.handle_for(caller, body, on_behalf_of);
+        }
+        match self.replays.admit(&caller, request_id, now_ms) {
+            Admission::Fresh => {}
+            // Requests are handled one at a time here: nothing is ever in flight.
+            Admission::InFlight => return Err(AuthorityError::NoQuorum),
+            Admission::Replay(ok) => {
+                metrics::counter!("shoal_authority_replays_total").increment(1);
+                return Ok(*ok);
+            }
+        }
+        let result = self.handle_for(caller.clone(), body, on_behalf_of);
+        self.replays.finish(&caller, request_id, &result);
+        result
     }
 
     /// As [`DevAuthority::handle`], for a request forwarded on behalf of a local process
@@ -198,5 +232,53 @@ impl DevAuthority {
         if let Err(e) = write_atomic(&self.path, &self.state.encode(), 0o600) {
             tracing::warn!(error = %e, "DEV AUTHORITY: cannot persist state");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn register() -> AuthorityRequestBody {
+        AuthorityRequestBody::Register {
+            key: "prod/web/http".parse().unwrap(),
+            instance: "web-1".parse().unwrap(),
+            on_node: None,
+            endpoint: shoal_catalog::testkit::Fixture::spec(1),
+            lease_ms: 300_000,
+        }
+    }
+
+    fn generation(r: &Result<AuthorityOk, AuthorityError>) -> u64 {
+        match r {
+            Ok(AuthorityOk::Committed { records }) => records[0].record.generation.0,
+            other => panic!("not committed: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_retried_registration_is_answered_not_applied_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut dev = DevAuthority::open(
+            "dev".parse().unwrap(),
+            "node-a".parse().unwrap(),
+            dir.path(),
+        );
+        let b: NodeId = "node-b".parse().unwrap();
+        let first = dev.handle_request(b.clone(), 42, register(), None, 0);
+        let applied = dev.state.last_applied_index();
+        // The attempts queued while this process was stopped: same caller, same id.
+        for t in 1..5 {
+            let again = dev.handle_request(b.clone(), 42, register(), None, t * 500);
+            assert_eq!(again, first);
+        }
+        assert_eq!(
+            dev.state.last_applied_index(),
+            applied,
+            "a retry was applied"
+        );
+        // A new call (another id) registers a new boot generation, as before.
+        let next = dev.handle_request(b, 43, register(), None, 3_000);
+        assert!(generation(&next) > generation(&first));
     }
 }

@@ -47,7 +47,6 @@ pub struct Driver {
     cmds: mpsc::Receiver<DriverCmd>,
     dev: Option<DevAuthority>,
     pending: Pending,
-    next_request_id: u64,
     persist_failed_logged: bool,
     join_wanted: tokio::sync::watch::Sender<u64>,
 }
@@ -74,7 +73,6 @@ impl Driver {
             cmds,
             dev,
             pending: HashMap::new(),
-            next_request_id: crate::keys::random_u64() >> 16,
             persist_failed_logged: false,
             join_wanted,
         }
@@ -172,6 +170,7 @@ impl Driver {
     }
 
     fn on_authority_request(&mut self, msg: Inbound) {
+        let now = self.shared.now_ms();
         let req: AuthorityRequest = match envelope::decode(
             &msg.bytes,
             MessageKind::AuthorityRequest,
@@ -184,12 +183,17 @@ impl Driver {
             }
         };
         let result = match self.dev.as_mut() {
-            Some(dev) => dev.handle(msg.peer.node_id.clone(), req.body),
+            Some(dev) => dev.handle_request(
+                msg.peer.node_id.clone(),
+                req.request_id,
+                req.body,
+                req.on_behalf_of.map(shoal_proto::rpc::LocalCaller::bounded),
+                now,
+            ),
             None => Err(AuthorityError::NotLeader { leader: None }),
         };
         if let Ok(AuthorityOk::Committed { records }) = &result {
             let lifecycle = records.iter().cloned().map(Arc::new).collect();
-            let now = self.shared.now_ms();
             let r = self.with_mesh(|m| m.handle_command(now, Command::Publish { lifecycle }));
             mesh_refused(r);
         }
@@ -239,6 +243,7 @@ impl Driver {
             DriverCmd::PersistNow => self.persist(),
             DriverCmd::Authority {
                 to,
+                request_id,
                 body,
                 on_behalf_of,
                 reply,
@@ -253,14 +258,17 @@ impl Driver {
                         "no authority configured".into(),
                     )));
                 }
-                (Some(addr), _) => self.send_rpc(addr, body, on_behalf_of, reply, now),
+                (Some(addr), _) => self.send_rpc(addr, request_id, body, on_behalf_of, reply, now),
             },
         }
     }
 
+    /// Sends one attempt of call `request_id`. A later attempt of the same call replaces an
+    /// earlier one's waiter: a late reply to the earlier attempt answers the later one.
     fn send_rpc(
         &mut self,
         addr: SocketAddr,
+        request_id: u64,
         body: shoal_proto::rpc::AuthorityRequestBody,
         on_behalf_of: Option<shoal_proto::rpc::LocalCaller>,
         reply: oneshot::Sender<Result<AuthorityOk, AuthorityError>>,
@@ -270,8 +278,6 @@ impl Driver {
             crate::metrics::rejected("authority_rpc", "too_many_pending");
             return; // the caller's oneshot closes: it sees "unreachable"
         }
-        self.next_request_id = self.next_request_id.wrapping_add(1);
-        let request_id = self.next_request_id;
         let req = AuthorityRequest {
             request_id,
             body,

@@ -49,6 +49,9 @@ pub enum DriverCmd {
     Authority {
         /// Destination replica.
         to: Option<std::net::SocketAddr>,
+        /// The same for every attempt of one call, so a replica answers a retry of a write
+        /// it committed instead of applying it again (`shoal_authority::replay`).
+        request_id: u64,
         /// The request.
         body: AuthorityRequestBody,
         /// The local process the request is forwarded for (audit).
@@ -226,6 +229,8 @@ pub struct Shared {
     /// Reads the transport from outside the driver: why the last dial to a peer failed
     /// (`dial_failure`), named in an authority call's error instead of a bare timeout.
     pub transport_view: shoal_transport::transport::QuicCountersHandle,
+    /// Which authority replica to try first, and which failed lately (`client::Route`).
+    pub authority_route: Mutex<crate::client::Route>,
 }
 
 /// Bound of [`Shared::member_changes`] (a region is ~1,667 nodes; nodes that left stay listed).

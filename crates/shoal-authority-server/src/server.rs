@@ -11,6 +11,10 @@
 //!   `write_timeout_ms`, answers `NoQuorum`. A rules refusal becomes `Refused { code, reason }`,
 //!   except `AlreadyInState`, which answers `Committed` with the current record (a retried
 //!   request whose first attempt committed, e.g. after a `NoQuorum` timeout, is idempotent).
+//! - **Retries**: a write whose `(caller, request_id)` this replica has seen in the last two
+//!   minutes is not proposed again: while the first is in flight the copy is dropped (the
+//!   first's reply carries the same id), after it committed it is answered with the same
+//!   answer (`shoal_authority::replay`; `shoal_authority_replays_total{outcome}`).
 //! - **Reads** (`GetPolicy`, `Status`) are answered by any replica from its applied state.
 //!
 //! # A stopped Raft core
@@ -100,6 +104,8 @@ pub struct Replica {
     started: Instant,
     operators: BTreeSet<String>,
     inflight: Arc<Semaphore>,
+    /// Committed answers of callers' writes, for their retries (`shoal_authority::replay`).
+    replays: std::sync::Mutex<shoal_authority::ReplayCache>,
     takeover_term: AtomicU64,
     /// The term whose `LeaderTakeover` has committed (lease and liveness duties wait for it).
     takeover_done: AtomicU64,
@@ -272,6 +278,7 @@ impl Replica {
         let replica = Arc::new(Self {
             operators: cfg.operators.iter().cloned().collect(),
             inflight: Arc::new(Semaphore::new(cfg.max_inflight_requests)),
+            replays: Default::default(),
             cfg,
             raft,
             sm,

@@ -16,6 +16,7 @@
 //! - [`refusal`]: why a command was refused ([`Refusal`]).
 //! - [`request`]: a wire request as a command or a query ([`route`]), shared by the replicated
 //!   and the development authority.
+//! - [`replay`]: at-most-once writes for a caller's retries ([`replay::ReplayCache`]).
 //! - [`audit`]: the bounded audit log.
 //!
 //! ```
@@ -55,6 +56,7 @@ pub mod audit;
 pub mod caller;
 pub mod command;
 pub mod refusal;
+pub mod replay;
 pub mod request;
 pub mod state;
 
@@ -65,6 +67,7 @@ pub use audit::{AuditEntry, AuditLog, AuditOutcome, CommandSummary, DEFAULT_AUDI
 pub use caller::{Caller, CallerId, Scope, MAX_SCOPES};
 pub use command::{ApplyContext, AuthorityCommand, LeaseCredit};
 pub use refusal::{InvalidRequest, Refusal};
+pub use replay::{Admission, ReplayCache};
 pub use request::{route, Query, Routed, WriteAnswer, OPERATOR_PREFIX};
 pub use state::{
     AuthorityState, Binding, Incarnation, NodeKeyState, StateError, MAX_BINDINGS, MAX_DOWN_NODES,

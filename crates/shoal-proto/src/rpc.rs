@@ -7,8 +7,11 @@
 //! [`AuthorityRequest::on_behalf_of`] (its unix peer credentials, as the agent saw them): the
 //! authority does not authenticate it (the node vouches for it) and records it in its audit log.
 //!
-//! Requests are idempotent by `(caller, request_id)` where it matters: a retried `Transition`
-//! to the state the instance is already in is answered with the existing record.
+//! Every attempt of one call carries the same `request_id`. A replica answers a retried
+//! write ([`AuthorityRequestBody::is_write`]) it has already committed with the first answer
+//! instead of applying it again (`shoal_authority::replay`, per replica, for two minutes); a
+//! retried `Transition` that reaches another replica is answered with the existing record
+//! (the `AlreadyInState` rule), a retried `Register` there makes a newer boot generation.
 
 use serde::{Deserialize, Serialize};
 
@@ -171,6 +174,29 @@ pub enum AuthorityRequestBody {
         /// The agent's global policy version (0: none).
         policy_version: u64,
     },
+}
+
+impl AuthorityRequestBody {
+    /// Whether this request changes the authority's state when applied (a log entry), so a
+    /// retry of it must not be applied twice (`shoal_authority::replay`). Reads and replica
+    /// set changes (`Members`, idempotent by their own rules) are not.
+    pub fn is_write(&self) -> bool {
+        match self {
+            Self::Register { .. }
+            | Self::Transition { .. }
+            | Self::PutPolicy { .. }
+            | Self::BindNodeKey { .. }
+            | Self::RevokeNode { .. }
+            | Self::ReadmitNode { .. }
+            | Self::PutGlobalPolicy { .. } => true,
+            Self::GetPolicy { .. }
+            | Self::Status
+            | Self::Members(_)
+            | Self::GetGlobalPolicy
+            | Self::RegionSummaries { .. }
+            | Self::FailoverFeed { .. } => false,
+        }
+    }
 }
 
 /// What `shoal authority members ...` asks of the region authority.

@@ -438,6 +438,12 @@ pub async fn register_instance(
         .map_err(|e| claim_refused(shared, who, &key, &instance, e))?;
     let records = match client::call_for(shared, body, who.cloned()).await {
         Ok(ok) => publish(shared, ok).await,
+        // A refusal committed nothing: give the claim back. No answer (503) may still commit
+        // (a stalled replica applies it when it resumes): the claim is kept, so the caller
+        // still owns the instance if it appears, and may retry or deregister it (QA: the
+        // claim given back on a 503 left a registration that committed later with no owner,
+        // `owner_unknown` for its caller and `address_in_use` for the rest).
+        Err(e @ CallError::Unavailable(_)) => return Err(e.into()),
         Err(e) => {
             shared.owners.release(&key, instance.as_str(), claim);
             return Err(e.into());

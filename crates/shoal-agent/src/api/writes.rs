@@ -357,6 +357,13 @@ pub async fn transition(
     };
     let Some(rec) = current else {
         crate::metrics::rejected("api", "unknown_instance");
+        // A registration that answered 503 keeps its owner entry (it may still commit); a
+        // deregistration of it gives the entry back, so the caller's count drops again.
+        if action == "deregister" && shared.owners.get(key, instance.as_str()).is_some() {
+            if let Err(e) = shared.owners.remove(key, instance.as_str()) {
+                tracing::error!(%key, %instance, error = %e, "instance owner removal not persisted");
+            }
+        }
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             json!({

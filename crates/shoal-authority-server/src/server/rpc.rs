@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use metrics::{counter, histogram};
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::ServerState;
-use shoal_authority::{AuthorityCommand, Caller, Query, Refusal, Routed, WriteAnswer};
+use shoal_authority::{Admission, AuthorityCommand, Caller, Query, Refusal, Routed, WriteAnswer};
 use shoal_proto::envelope::{self, MessageKind, MAX_STREAM_MESSAGE_BYTES};
 use shoal_proto::rpc::{
     AuthorityError, AuthorityOk, AuthorityReply, AuthorityRequest, AuthorityRequestBody,
@@ -56,8 +56,41 @@ impl Replica {
                     continue;
                 }
             };
+            // A retry of a write (same caller, same request id) is not applied twice.
+            let write = req.body.is_write();
+            if write {
+                let caller = &msg.peer.node_id;
+                let seen = self.replays.lock().expect("replays").admit(
+                    caller,
+                    req.request_id,
+                    self.mono_ms(),
+                );
+                match seen {
+                    Admission::Fresh => {}
+                    Admission::InFlight => {
+                        // The first attempt's reply carries the same id and answers this one.
+                        counter!("shoal_authority_replays_total", "outcome" => "in_flight")
+                            .increment(1);
+                        continue;
+                    }
+                    Admission::Replay(ok) => {
+                        counter!("shoal_authority_replays_total", "outcome" => "answered")
+                            .increment(1);
+                        self.reply(msg.from, req.request_id, Ok(*ok));
+                        continue;
+                    }
+                }
+            }
             let Ok(permit) = self.inflight.clone().try_acquire_owned() else {
                 counter!("shoal_authority_rpc_rejected_total", "reason" => "overload").increment(1);
+                if write {
+                    let no = Err(AuthorityError::NoQuorum);
+                    self.replays.lock().expect("replays").finish(
+                        &msg.peer.node_id,
+                        req.request_id,
+                        &no,
+                    );
+                }
                 self.reply(msg.from, req.request_id, Err(AuthorityError::NoQuorum));
                 continue;
             };
@@ -65,6 +98,13 @@ impl Replica {
             tokio::spawn(async move {
                 let on_behalf_of = req.on_behalf_of.map(LocalCaller::bounded);
                 let result = this.handle_for(&msg.peer, req.body, on_behalf_of).await;
+                if write {
+                    this.replays.lock().expect("replays").finish(
+                        &msg.peer.node_id,
+                        req.request_id,
+                        &result,
+                    );
+                }
                 this.reply(msg.from, req.request_id, result);
                 drop(permit);
             });
