@@ -103,8 +103,8 @@ pub const SHUN_MS: u64 = 30_000;
 /// killed, 4 of 10 registrations took 1.1-1.2 s, each call starting at a random replica).
 ///
 /// The replica that last answered a write (a success or a rules refusal: only a leader gives
-/// either), or the leader a follower named, is tried first; replicas that failed to answer within the last
-/// [`SHUN_MS`] are tried last. Between calls only; within one call the order is fixed at its
+/// either), or the leader a follower named, is tried first; replicas that failed to answer
+/// within the last [`SHUN_MS`] are tried last. Between calls only; within one call the order is fixed at its
 /// start, and a `NotLeader` redirect is followed at once.
 #[derive(Debug, Default)]
 pub struct Route {

@@ -110,7 +110,8 @@ impl DevAuthority {
             // Requests are handled one at a time here: nothing is ever in flight.
             Admission::InFlight => return Err(AuthorityError::NoQuorum),
             Admission::Replay(ok) => {
-                metrics::counter!("shoal_authority_replays_total").increment(1);
+                metrics::counter!("shoal_authority_replays_total", "outcome" => "answered")
+                    .increment(1);
                 return Ok(*ok);
             }
         }

@@ -21,6 +21,7 @@ const COUNTERS: &[(&str, &str)] = &[
     ("shoal_api_writes_total", "Local API writes by route and result (accepted, refused, invalid, failed)."),
     ("shoal_apply_times_dropped_total", "Apply times not recorded because the apply-time map was full."),
     ("shoal_audit_write_failures_total", "Development authority audit-log writes that failed."),
+    ("shoal_authority_replays_total", "Development authority: retried writes answered from the replay cache instead of applied again, by outcome (answered)."),
     ("shoal_authority_writes_total", "Registration and lifecycle writes sent to the region authority, by op and result."),
     ("shoal_catalog_merges_total", "Catalog merges of received records, by outcome (applied, stale, duplicate)."),
     ("shoal_consul_accept_errors_total", "Consul-compatible port accept() failures."),

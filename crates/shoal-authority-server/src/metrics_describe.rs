@@ -80,6 +80,10 @@ const COUNTERS: &[(&str, &str)] = &[
         "Requests refused by the authority rules or access checks, by code.",
     ),
     (
+        "shoal_authority_replays_total",
+        "Retried writes (same caller and request id) not applied again, by outcome: in_flight (dropped, the first attempt's reply answers it), answered (the committed answer sent again).",
+    ),
+    (
         "shoal_authority_rpc_rejected_total",
         "Agent RPCs rejected before reaching the rules (malformed, oversize, overload), by reason.",
     ),

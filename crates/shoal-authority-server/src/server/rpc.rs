@@ -56,12 +56,16 @@ impl Replica {
                     continue;
                 }
             };
+            let Ok(permit) = self.inflight.clone().try_acquire_owned() else {
+                counter!("shoal_authority_rpc_rejected_total", "reason" => "overload").increment(1);
+                self.reply(msg.from, req.request_id, Err(AuthorityError::NoQuorum));
+                continue;
+            };
             // A retry of a write (same caller, same request id) is not applied twice.
             let write = req.body.is_write();
             if write {
-                let caller = &msg.peer.node_id;
                 let seen = self.replays.lock().expect("replays").admit(
-                    caller,
+                    &msg.peer.node_id,
                     req.request_id,
                     self.mono_ms(),
                 );
@@ -81,19 +85,6 @@ impl Replica {
                     }
                 }
             }
-            let Ok(permit) = self.inflight.clone().try_acquire_owned() else {
-                counter!("shoal_authority_rpc_rejected_total", "reason" => "overload").increment(1);
-                if write {
-                    let no = Err(AuthorityError::NoQuorum);
-                    self.replays.lock().expect("replays").finish(
-                        &msg.peer.node_id,
-                        req.request_id,
-                        &no,
-                    );
-                }
-                self.reply(msg.from, req.request_id, Err(AuthorityError::NoQuorum));
-                continue;
-            };
             let this = self.clone();
             tokio::spawn(async move {
                 let on_behalf_of = req.on_behalf_of.map(LocalCaller::bounded);
