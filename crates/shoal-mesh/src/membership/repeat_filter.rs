@@ -49,11 +49,14 @@ impl Membership {
         let count = body.get(header_len..header_len + 2)?;
         let count = u16::from_be_bytes([count[0], count[1]]);
         // Most datagrams carry no update: compare identities only when there is something to drop.
-        // Addresses first: comparing them is cheap, and node ids are strings.
+        // Addresses first: comparing them is cheap, and node ids are strings. The sender is
+        // looked up in foca's address index (one hash probe), not in `active` (a B-tree of
+        // node-id strings: 5.9 % of a `reference/cpu-stall` profile): foca applies the updates
+        // of a sender it holds active, which is what remembering them requires.
         if count == 0
             || header.dst.addr != self.identity.addr
             || header.dst != self.identity
-            || self.active.get(&header.src.node) != Some(&header.src)
+            || self.foca.active_member(&header.src).is_none()
         {
             return None;
         }
