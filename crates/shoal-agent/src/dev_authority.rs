@@ -45,6 +45,8 @@ pub struct DevAuthority {
     path: PathBuf,
     audit_path: PathBuf,
     audit_failed_logged: bool,
+    /// A failed state save was logged (cleared by the next save that succeeds).
+    save_failed_logged: bool,
     /// Committed answers of remote callers' writes, for their retries (`shoal_authority::replay`).
     replays: ReplayCache,
 }
@@ -70,6 +72,7 @@ impl DevAuthority {
             path,
             audit_path: data_dir.join(DEV_AUDIT_FILE),
             audit_failed_logged: false,
+            save_failed_logged: false,
             replays: ReplayCache::default(),
         }
     }
@@ -150,8 +153,21 @@ impl DevAuthority {
             signing_key: &self.key,
         };
         let retry_of = cmd.transition_target();
+        // An answer is only given for a state that is on disk: if saving fails the command is
+        // undone (the state before it is kept aside; the dev authority's state is small) and
+        // the caller is told to retry, as a Raft replica that cannot append does (ADR 0023).
+        let before = self.state.clone();
         let result = self.state.apply_on_behalf(cmd, ctx, on_behalf_of);
-        self.save();
+        if let Err(e) = self.save() {
+            self.state = before;
+            metrics::counter!("shoal_dev_authority_save_failures_total").increment(1);
+            if !self.save_failed_logged {
+                tracing::error!(error = %e, file = %self.path.display(), "DEV AUTHORITY: cannot persist state; writes are refused until it can");
+                self.save_failed_logged = true;
+            }
+            return Err(AuthorityError::NoQuorum);
+        }
+        self.save_failed_logged = false;
         self.append_audit();
         let records = match result {
             Ok(records) => records,
@@ -229,10 +245,9 @@ impl DevAuthority {
         }
     }
 
-    fn save(&self) {
-        if let Err(e) = write_atomic(&self.path, &self.state.encode(), 0o600) {
-            tracing::warn!(error = %e, "DEV AUTHORITY: cannot persist state");
-        }
+    /// Writes the whole state to [`DEV_STATE_FILE`] (write to a temporary file, fsync, rename).
+    fn save(&self) -> std::io::Result<()> {
+        write_atomic(&self.path, &self.state.encode(), 0o600)
     }
 }
 
@@ -281,5 +296,51 @@ mod tests {
         // A new call (another id) registers a new boot generation, as before.
         let next = dev.handle_request(b, 43, register(), None, 3_000);
         assert!(generation(&next) > generation(&first));
+    }
+    #[test]
+    fn a_write_whose_state_cannot_be_saved_is_refused_and_undone() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut dev = DevAuthority::open(
+            "dev".parse().unwrap(),
+            "node-a".parse().unwrap(),
+            dir.path(),
+        );
+        let b: NodeId = "node-b".parse().unwrap();
+        let first = dev.handle_request(b.clone(), 1, register(), None, 0);
+        let applied = dev.state.last_applied_index();
+        let audit_lines = || {
+            std::fs::read_to_string(dir.path().join(DEV_AUDIT_FILE))
+                .unwrap()
+                .lines()
+                .count()
+        };
+        assert_eq!(audit_lines(), 1);
+        // The state file's name is taken by a non-empty directory: the atomic replace fails
+        // (as it would on a full or read-only disk, which root in CI cannot be refused).
+        let state = dir.path().join(DEV_STATE_FILE);
+        let saved = std::fs::read(&state).unwrap();
+        std::fs::remove_file(&state).unwrap();
+        std::fs::create_dir(&state).unwrap();
+        std::fs::write(state.join("occupied"), b"x").unwrap();
+        let refused = dev.handle_request(b.clone(), 2, register(), None, 1_000);
+        assert_eq!(
+            refused,
+            Err(AuthorityError::NoQuorum),
+            "an unsaved write was acknowledged"
+        );
+        assert_eq!(
+            dev.state.last_applied_index(),
+            applied,
+            "the unsaved write stayed applied"
+        );
+        assert_eq!(audit_lines(), 1, "the unsaved write was audited");
+        // Once the disk takes writes again the retry (same id: failures are not replayed)
+        // commits, as the next generation after the first registration.
+        std::fs::remove_dir_all(&state).unwrap();
+        std::fs::write(&state, saved).unwrap();
+        let retried = dev.handle_request(b, 2, register(), None, 2_000);
+        assert_eq!(generation(&retried), generation(&first) + 1);
+        assert_eq!(dev.state.last_applied_index(), applied + 1);
+        assert_eq!(audit_lines(), 2);
     }
 }
