@@ -17,6 +17,9 @@
 # process that was verified to be `shoal agent --config DIR/<node>.toml`; `stop` checks that again
 # before signalling, so a reused pid is never killed.
 set -euo pipefail
+# Everything this script writes is private (keys, configs, logs): and owned_dir_check refuses a
+# directory with group- or world-writable files, which a umask of 002 would make.
+umask 077
 SHOAL=${SHOAL:-$(cd "$(dirname "$0")/.." && pwd)/target/release/shoal}
 
 # ours PIDFILE: the pid in it if that process is still our agent for this config.
@@ -29,29 +32,9 @@ ours() {
   echo "$pid"
 }
 
-# refuse MESSAGE...: the reason on stderr, exit 1.
-refuse() {
-  printf 'local-agents.sh: refusing %s: %s\n' "$DIR" "$*" >&2
-  exit 1
-}
-
-# check_dir: DIR (as given, and as resolved) is a directory of the current user that group and
-# others cannot write, and nothing under it belongs to another user or is writable by group or
-# others (sockets and symlinks: owner only; their mode bits grant no write to the name).
-check_dir() {
-  local me owner mode bad path
-  me=$(id -u)
-  for path in "$DIR" "$(cd -P -- "$DIR" 2>/dev/null && pwd)"; do
-    [[ -n $path ]] || refuse "cannot enter it"
-    [[ -d $path ]] || refuse "not a directory"
-    owner=$(stat -c %u -- "$path"); mode=$(stat -c %a -- "$path")
-    [[ $owner == "$me" ]] || refuse "$path is owned by uid $owner ($(stat -c %U -- "$path")), not by you (uid $me); another user could have put their own CA and keys in it or replace the agents' sockets. Remove it or pass a directory of your own: $0 [N] DIR"
-    (( (8#$mode & 8#022) == 0 )) || refuse "$path has mode $mode, writable by group or others; run: chmod 700 $path"
-  done
-  bad=$(find "$DIR/" -mindepth 1 \( ! -user "$me" -o \( ! -type s ! -type l -perm /022 \) \)     -printf '  %p (owner %u, mode %m)\n' 2>&1 | head -5)
-  [[ -z $bad ]] || refuse "files in it belong to another user or are writable by group or others (keys, configs and sockets must be yours alone); remove them or the directory:
-$bad"
-}
+# owned_dir_check, owned_dir_make (the rules in the header above).
+# shellcheck source=deploy/lib/owned-dir.sh
+source "$(dirname -- "$0")/lib/owned-dir.sh"
 
 stop_all() {
   local p pid pids=()
@@ -75,19 +58,14 @@ stop_all() {
 if [[ "${1:-}" == stop ]]; then
   DIR=${2:-/tmp/shoal-local}
   [[ -e $DIR || -L $DIR ]] || { echo "no agents of $DIR running"; exit 0; }
-  check_dir
+  owned_dir_check "$DIR"
   stop_all
   exit 0
 fi
 N=${1:-3}
 DIR=${2:-/tmp/shoal-local}
 [[ -x $SHOAL ]] || { echo "build first: cargo build --release -p shoal-cli" >&2; exit 1; }
-if [[ ! -e $DIR && ! -L $DIR ]]; then
-  mkdir -p -- "$(dirname -- "$DIR")"
-  # Not -p: if someone else made it meanwhile, mkdir fails and check_dir judges theirs.
-  mkdir -m 0700 -- "$DIR" 2>/dev/null || true
-fi
-check_dir
+owned_dir_make "$DIR"
 DIR=$(cd -P -- "$DIR" && pwd)
 for p in "$DIR"/*.pid; do
   if pid=$(ours "$p"); then

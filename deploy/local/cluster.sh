@@ -27,7 +27,18 @@
 # Files: $RUN_DIR/<region>/{<node>.toml,<node>.log,<node>.sock,data-<node>/}, $RUN_DIR/pids/,
 # $RUN_DIR/agents.tsv (region node ip socket), $RUN_DIR/policy.{key,json,signed}, and
 # $RUN_DIR/operator/ (an operator certificate of r1 for `shoal policy push|show`).
+#
+# RUN_DIR holds every key and socket, so it must be yours alone (deploy/lib/owned-dir.sh): an
+# existing RUN_DIR is refused, before anything in it is read, removed or signalled, unless it is
+# a directory of the current user that group and others cannot write, with nothing in it of
+# another user; a missing one is created with mode 0700. `stop` and `status` only count a pid
+# file whose process is still `shoal ... --config RUN_DIR/...`, so a reused or planted pid is
+# never signalled. The agents grant every right to the user who started the cluster (by uid);
+# other users cannot reach the sockets (RUN_DIR is 0700) and root's callers may only read.
 set -euo pipefail
+# Everything this script writes is private (keys, configs, logs): and owned_dir_check refuses a
+# directory with group- or world-writable files, which a umask of 002 would make.
+umask 077
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 SHOAL=${SHOAL:-$TARGET/release/shoal}
@@ -37,14 +48,26 @@ AUTHORITIES=${AUTHORITIES:-3}
 AGENTS=${AGENTS:-8}
 RUN_DIR=${RUN_DIR:-/tmp/shoal-cluster}
 MODE=${1:-foreground}
+# shellcheck source=deploy/lib/owned-dir.sh
+source "$ROOT/deploy/lib/owned-dir.sh"
+
+# ours PIDFILE: the pid in it if that process is still one this script started in RUN_DIR.
+ours() {
+  local p=$1 pid
+  [[ -f $p ]] || return 1
+  pid=$(cat "$p")
+  [[ $pid =~ ^[0-9]+$ ]] || return 1
+  { tr '\0' ' ' < "/proc/$pid/cmdline"; } 2>/dev/null | grep -qF -- "--config $RUN_DIR/" || return 1
+  echo "$pid"
+}
 
 stop_all() {
-  local pids=()
+  local p pid pids=()
   for p in "$RUN_DIR"/pids/*.pid; do
     [[ -f $p ]] || continue
-    pids+=("$(cat "$p")")
+    if pid=$(ours "$p"); then pids+=("$pid"); fi
   done
-  [[ ${#pids[@]} -gt 0 ]] || return 0
+  [[ ${#pids[@]} -gt 0 ]] || { rm -f "$RUN_DIR"/pids/*.pid; return 0; }
   kill -TERM "${pids[@]}" 2>/dev/null || true
   for _ in $(seq 1 100); do
     local alive=0
@@ -58,23 +81,39 @@ stop_all() {
 }
 
 case $MODE in
+  stop|status)
+    [[ -e $RUN_DIR || -L $RUN_DIR ]] || { echo "no cluster in $RUN_DIR"; exit 0; }
+    owned_dir_check "$RUN_DIR"
+    RUN_DIR=$(cd -P -- "$RUN_DIR" && pwd) ;;
+  start|foreground) ;;
+  *) echo "usage: $0 [start|stop|status]" >&2; exit 2 ;;
+esac
+case $MODE in
   stop) stop_all; exit 0 ;;
   status)
     for p in "$RUN_DIR"/pids/*.pid; do
       [[ -f $p ]] || continue
-      n=$(basename "$p" .pid); pid=$(cat "$p")
-      if kill -0 "$pid" 2>/dev/null; then echo "$n $pid up"; else echo "$n $pid DOWN"; fi
+      n=$(basename "$p" .pid)
+      if pid=$(ours "$p"); then echo "$n $pid up"; else echo "$n $(cat "$p") DOWN"; fi
     done
     exit 0 ;;
-  start|foreground) ;;
-  *) echo "usage: $0 [start|stop|status]" >&2; exit 2 ;;
 esac
 
 [[ -x $SHOAL ]] || { echo "build first: cargo build --release -p shoal-cli (or set SHOAL=...)" >&2; exit 1; }
-if [[ -d $RUN_DIR/pids ]] && ls "$RUN_DIR"/pids/*.pid >/dev/null 2>&1; then
-  echo "a cluster seems to run in $RUN_DIR ($0 stop first)" >&2; exit 1
+if [[ -e $RUN_DIR || -L $RUN_DIR ]]; then
+  owned_dir_check "$RUN_DIR"
+  RUN_DIR=$(cd -P -- "$RUN_DIR" && pwd)
+  for p in "$RUN_DIR"/pids/*.pid; do
+    if pid=$(ours "$p"); then
+      echo "a cluster runs in $RUN_DIR (pid $pid, $(basename "$p" .pid)); $0 stop first" >&2; exit 1
+    fi
+  done
+  # Empty it, keeping the checked directory itself (removing and re-making the name would let
+  # someone else's directory take it in between).
+  [[ ${KEEP:-0} == 1 ]] || find "$RUN_DIR" -mindepth 1 -delete
 fi
-[[ ${KEEP:-0} == 1 ]] || rm -rf "$RUN_DIR"
+owned_dir_make "$RUN_DIR"
+RUN_DIR=$(cd -P -- "$RUN_DIR" && pwd)
 mkdir -p "$RUN_DIR/pids"
 if [[ $MODE == foreground ]]; then
   trap 'echo; stop_all; exit 0' INT TERM
@@ -180,8 +219,11 @@ addresses = [$(IFS=,; echo "${rpc_addrs[*]}")]
 $SWIM
 
 [access]
-# Development policy: every local caller may do everything (logged loudly at start).
-dev_allow_all = true
+# The user who started the cluster may do everything; any other caller may only read.
+[[access.grants]]
+uids = [$(id -u)]
+services = ["*"]
+rights = ["admin"]
 
 [failover]
 policy_keys = ["$policy_pub"]

@@ -272,14 +272,19 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_retried_registration_is_answered_not_applied_again() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut dev = DevAuthority::open(
+    /// A dev authority of region `dev` on `node-a`, its files in `dir`.
+    fn open(dir: &tempfile::TempDir) -> DevAuthority {
+        DevAuthority::open(
             "dev".parse().unwrap(),
             "node-a".parse().unwrap(),
             dir.path(),
-        );
+        )
+    }
+
+    #[test]
+    fn a_retried_registration_is_answered_not_applied_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut dev = open(&dir);
         let b: NodeId = "node-b".parse().unwrap();
         let first = dev.handle_request(b.clone(), 42, register(), None, 0);
         let applied = dev.state.last_applied_index();
@@ -297,14 +302,11 @@ mod tests {
         let next = dev.handle_request(b, 43, register(), None, 3_000);
         assert!(generation(&next) > generation(&first));
     }
+
     #[test]
     fn a_write_whose_state_cannot_be_saved_is_refused_and_undone() {
         let dir = tempfile::tempdir().unwrap();
-        let mut dev = DevAuthority::open(
-            "dev".parse().unwrap(),
-            "node-a".parse().unwrap(),
-            dir.path(),
-        );
+        let mut dev = open(&dir);
         let b: NodeId = "node-b".parse().unwrap();
         let first = dev.handle_request(b.clone(), 1, register(), None, 0);
         let applied = dev.state.last_applied_index();

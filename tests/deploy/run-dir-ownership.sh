@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The local deploy scripts refuse a run directory that is not the caller's alone, and `stop`
+# never signals a process they did not start (deploy/lib/owned-dir.sh). Needs root (to hand a
+# directory to another user) and the unix user shoal-test-a (.ci/run creates it); without them
+# it says so and exits 0, unless SHOAL_REQUIRE_UNIX_USERS=1.
+#
+#   tests/deploy/run-dir-ownership.sh
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+CLUSTER=$ROOT/deploy/local/cluster.sh
+AGENTS=$ROOT/deploy/local-agents.sh
+if [[ $(id -u) != 0 ]] || ! id shoal-test-a >/dev/null 2>&1; then
+  [[ ${SHOAL_REQUIRE_UNIX_USERS:-0} == 1 ]] && { echo "FAIL: needs root and the user shoal-test-a" >&2; exit 1; }
+  echo "skipped: needs root and the user shoal-test-a"; exit 0
+fi
+T=$(mktemp -d); chmod 755 "$T"
+VICTIM=
+cleanup() { [[ -n $VICTIM ]] && kill "$VICTIM" 2>/dev/null; rm -rf "$T"; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+# expect_refusal WHAT CMD...: CMD exits 1 and says "refusing".
+expect_refusal() {
+  local what=$1 out st=0; shift
+  out=$("$@" 2>&1) || st=$?
+  [[ $st == 1 && $out == *refusing* ]] || fail "$what: expected a refusal (exit 1), got exit $st: $out"
+  echo "ok: $what"
+}
+# A process of ours that a planted pid file names; nothing may signal it.
+sleep 600 & VICTIM=$!
+
+# 1. A directory another user made at the predictable path: start refuses it and leaves its
+# contents alone; stop and status refuse it and signal nothing.
+D=$T/foreign; mkdir -p "$D/pids"; echo "$VICTIM" > "$D/pids/r1-a1.pid"; echo theirs > "$D/r1-ca.pem"
+chown -R shoal-test-a "$D"
+expect_refusal "cluster.sh start, run dir of another user" env RUN_DIR="$D" SHOAL=/bin/true "$CLUSTER" start
+[[ $(cat "$D/r1-ca.pem") == theirs ]] || fail "start touched another user's run dir"
+expect_refusal "cluster.sh stop, run dir of another user" env RUN_DIR="$D" "$CLUSTER" stop
+expect_refusal "cluster.sh status, run dir of another user" env RUN_DIR="$D" "$CLUSTER" status
+expect_refusal "local-agents.sh start, dir of another user" env SHOAL=/bin/true "$AGENTS" 1 "$D"
+expect_refusal "local-agents.sh stop, dir of another user" "$AGENTS" stop "$D"
+
+# 2. Ours, but writable by group or others, or holding another user's file.
+W=$T/writable; mkdir -m 0770 "$W"
+expect_refusal "cluster.sh start, group-writable run dir" env RUN_DIR="$W" SHOAL=/bin/true "$CLUSTER" start
+F=$T/planted; mkdir -m 0700 "$F"; mkdir "$F/r1"; chown shoal-test-a "$F/r1"
+expect_refusal "cluster.sh start, another user's file inside" env RUN_DIR="$F" SHOAL=/bin/true "$CLUSTER" start
+
+# 3. Ours, with a pid file naming a process the script did not start: stop removes the file and
+# does not signal it; status reports it DOWN.
+O=$T/ours; mkdir -m 0700 "$O"; mkdir -m 0700 "$O/pids"; echo "$VICTIM" > "$O/pids/r1-a1.pid"
+out=$(RUN_DIR="$O" "$CLUSTER" status)
+[[ $out == "r1-a1 $VICTIM DOWN" ]] || fail "status of a planted pid: $out"
+RUN_DIR="$O" "$CLUSTER" stop >/dev/null
+kill -0 "$VICTIM" 2>/dev/null || fail "cluster.sh stop killed a process it did not start"
+[[ ! -e $O/pids/r1-a1.pid ]] || fail "cluster.sh stop left the stale pid file"
+echo "ok: cluster.sh stop and status ignore a pid it did not start"
+echo "$VICTIM" > "$O/node-1.pid"
+"$AGENTS" stop "$O" >/dev/null
+kill -0 "$VICTIM" 2>/dev/null || fail "local-agents.sh stop killed a process it did not start"
+echo "ok: local-agents.sh stop ignores a pid it did not start"
+echo "run-dir-ownership: all checks passed"
