@@ -47,24 +47,31 @@ pub struct DevAuthority {
     audit_failed_logged: bool,
     /// A failed state save was logged (cleared by the next save that succeeds).
     save_failed_logged: bool,
+    /// Why writes are refused: the state file could not be read nor moved aside.
+    write_blocked: Option<String>,
     /// Committed answers of remote callers' writes, for their retries (`shoal_authority::replay`).
     replays: ReplayCache,
 }
 
 impl DevAuthority {
-    /// Loads the persisted state from `data_dir` (a corrupt file is logged and replaced).
+    /// Loads the persisted state from `data_dir`. An unreadable state file (torn, corrupt, of an
+    /// older build, not a regular file) is moved aside to `<name>.corrupt-<unix ms>`, never
+    /// overwritten, and the authority starts empty; if it cannot be moved aside, writes are
+    /// refused (503) until it is moved away and the agent restarted, since the next save would
+    /// replace what it holds.
     pub fn open(region: Region, node: NodeId, data_dir: &std::path::Path) -> Self {
         let path = data_dir.join(DEV_STATE_FILE);
-        let state = match crate::persist::read_state_file(&path) {
+        let (state, unreadable) = match crate::persist::read_state_file(&path) {
             Ok(b) => match AuthorityState::decode(&b) {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::error!(error = %e, "DEV AUTHORITY state corrupt; starting empty");
-                    AuthorityState::new(region.clone())
-                }
+                Ok(s) => (s, None),
+                Err(e) => (AuthorityState::new(region.clone()), Some(e.to_string())),
             },
-            Err(_) => AuthorityState::new(region.clone()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                (AuthorityState::new(region.clone()), None)
+            }
+            Err(e) => (AuthorityState::new(region.clone()), Some(e.to_string())),
         };
+        let write_blocked = unreadable.and_then(|error| set_aside(&path, &error));
         Self {
             key: dev_key(&region),
             state,
@@ -73,6 +80,7 @@ impl DevAuthority {
             audit_path: data_dir.join(DEV_AUDIT_FILE),
             audit_failed_logged: false,
             save_failed_logged: false,
+            write_blocked,
             replays: ReplayCache::default(),
         }
     }
@@ -152,6 +160,10 @@ impl DevAuthority {
             committed_at_ms,
             signing_key: &self.key,
         };
+        if self.write_blocked.is_some() {
+            metrics::counter!("shoal_dev_authority_save_failures_total").increment(1);
+            return Err(AuthorityError::NoQuorum);
+        }
         let retry_of = cmd.transition_target();
         // An answer is only given for a state that is on disk: if saving fails the command is
         // undone (the state before it is kept aside; the dev authority's state is small) and
@@ -251,6 +263,36 @@ impl DevAuthority {
     }
 }
 
+/// Moves the unreadable state file at `path` aside; `Some(why)` when it could not be (then it
+/// must not be written).
+fn set_aside(path: &std::path::Path, error: &str) -> Option<String> {
+    match crate::keys::set_aside(path) {
+        Ok(aside) => {
+            metrics::counter!("shoal_files_set_aside_total", "file" => DEV_STATE_FILE).increment(1);
+            tracing::error!(
+                file = %path.display(),
+                kept_at = %aside.display(),
+                error,
+                "DEV AUTHORITY state unreadable; moved aside (nothing deleted), starting empty"
+            );
+            None
+        }
+        Err(e) => {
+            tracing::error!(
+                file = %path.display(),
+                error,
+                set_aside_error = %e,
+                "DEV AUTHORITY state unreadable and could not be moved aside; writes are refused \
+                 until it is moved away and the agent restarted"
+            );
+            Some(format!(
+                "{} is unreadable and could not be moved aside ({e})",
+                path.display()
+            ))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -344,5 +386,32 @@ mod tests {
         assert_eq!(generation(&retried), generation(&first) + 1);
         assert_eq!(dev.state.last_applied_index(), applied + 1);
         assert_eq!(audit_lines(), 2);
+    }
+    #[test]
+    fn an_unreadable_state_file_is_kept_aside_and_never_overwritten() {
+        // Corrupt: moved aside with every byte, the authority starts empty and takes writes.
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join(DEV_STATE_FILE);
+        std::fs::write(&state, b"not a state").unwrap();
+        let mut dev = open(&dir);
+        let aside: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.to_string_lossy().contains(".corrupt-"))
+            .collect();
+        assert_eq!(aside.len(), 1, "the corrupt file was not kept aside");
+        assert_eq!(std::fs::read(&aside[0]).unwrap(), b"not a state");
+        let b: NodeId = "node-b".parse().unwrap();
+        generation(&dev.handle_request(b.clone(), 1, register(), None, 0));
+        // Not a regular file and not movable (a directory cannot be linked): writes are refused
+        // and it is left as it was.
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join(DEV_STATE_FILE);
+        std::fs::create_dir(&state).unwrap();
+        std::fs::write(state.join("kept"), b"x").unwrap();
+        let mut dev = open(&dir);
+        let refused = dev.handle_request(b, 1, register(), None, 0);
+        assert_eq!(refused, Err(AuthorityError::NoQuorum));
+        assert!(state.join("kept").exists());
     }
 }

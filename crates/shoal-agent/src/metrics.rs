@@ -40,7 +40,8 @@
 //! `shoal_metrics_connections_closed_total{why}`;
 //! `shoal_build_info{version}` and `process_*` (`crate::metrics_describe`, which also holds the
 //! HELP text of every metric); exec probes: `shoal_probe_exec_total{result}`
-//! (`spawn_error`, `timeout_killed`); the dev authority's `shoal_audit_write_failures_total`.
+//! (`spawn_error`, `timeout_killed`); the dev authority's `shoal_audit_write_failures_total`
+//! and `shoal_dev_authority_save_failures_total`.
 
 use std::sync::OnceLock;
 

@@ -115,6 +115,9 @@ pub struct Membership {
     /// their arrival order for expiry (fixed hasher: no OS randomness in the core).
     applied: HashSet<u64, BuildHasherDefault<crate::hash::U64Hasher>>,
     applied_order: VecDeque<(u64, u64)>,
+    /// Hashes of the updates of the datagram in hand that the repeat filter let through: they
+    /// join `applied` only once foca has taken the datagram (`handle_data` returned `Ok`).
+    applied_pending: Vec<u64>,
     /// Identities to declare down in foca after the current drain (node-level conflicts).
     declare_down: Vec<MemberId>,
     transmits: VecDeque<(SocketAddr, Vec<u8>)>,
@@ -202,6 +205,7 @@ impl Membership {
             member_buckets: [0; MEMBER_BUCKETS],
             applied: HashSet::default(),
             applied_order: VecDeque::new(),
+            applied_pending: Vec::new(),
             down: BTreeMap::new(),
             declare_down: Vec::new(),
             transmits: VecDeque::new(),
@@ -294,7 +298,11 @@ impl Membership {
         let body = filtered.as_deref().unwrap_or(body);
         let founded = self.drop_unfounded_downs(&header, body, header_len);
         let body = founded.as_deref().unwrap_or(body);
-        if self.foca.handle_data(body, &mut self.runtime).is_err() {
+        if self.foca.handle_data(body, &mut self.runtime).is_ok() {
+            // Before the drain: a rejoin it handles starts a fresh foca and forgets them.
+            self.remember_applied(now_ms);
+        } else {
+            self.applied_pending.clear();
             self.counters.rejected_foca += 1;
         }
         self.drain(now_ms);

@@ -108,6 +108,7 @@ impl Membership {
         // The fresh instance has applied nothing yet.
         self.applied.clear();
         self.applied_order.clear();
+        self.applied_pending.clear();
         self.timer_epoch += 1;
         self.last_foca_token = None;
         let view: Vec<Member<MemberId>> =

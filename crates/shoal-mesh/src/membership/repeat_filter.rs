@@ -2,11 +2,20 @@
 //! (`foca::Member<MemberId>` under `PostcardCodec`, and the update count after the header) by
 //! hand, and only the byte-for-byte unit test at the bottom of this file guards it.
 //!
-//! SWIM spreads every update about `max_transmissions` times to each member, and foca applies
-//! each by a linear scan of its member list; the filter remembers (by hash, bounded, for
-//! `APPLIED_UPDATES_WINDOW_MS`) the updates it already handed to foca and drops repeats from
-//! payloads foca would apply before foca sees them. Applying an update twice is a no-op, so
-//! this only saves CPU (the simulator's reports are byte-identical with and without it).
+//! SWIM spreads every update about `max_transmissions` times to each member, and foca decodes
+//! and applies each one; the filter remembers (by hash, bounded, for
+//! `APPLIED_UPDATES_WINDOW_MS`) the updates foca took and drops repeats from payloads foca
+//! would apply before foca sees them. Applying an update twice is a no-op, so this only saves
+//! CPU (the simulator's reports are byte-identical with and without it).
+//!
+//! An update is remembered once foca took its datagram (`handle_data` returned `Ok`): a payload
+//! foca refuses as a whole (one update of it does not decode by foca's stricter rules) teaches
+//! nothing. One exception, kept for now: a `Down` that `drop_unfounded_downs` then removes
+//! (refuted: we hold that member at a higher incarnation) is remembered although foca never saw
+//! it. Harmless while that rule stands: incarnations only grow, so its repeats would be removed
+//! again within the window, and once the member is down a `Down` changes nothing. Not
+//! remembering them would move `updates_deduplicated` counts to `downs_dropped` in every
+//! report with refuted downs.
 
 use std::net::SocketAddr;
 
@@ -29,13 +38,14 @@ impl Membership {
     /// last [`APPLIED_UPDATES_WINDOW_MS`]; `None` when nothing is dropped (pass `body` as is).
     ///
     /// SWIM dissemination is infection-style: every update reaches each member about
-    /// `max_transmissions` times, and foca finds the member an update is about by a linear scan
-    /// of its member list, so at 1,667 members the repeats cost most of a member's CPU when
-    /// membership churns (a CPU-stalled peer is suspected and refutes every second). Applying an
-    /// update twice is a no-op (a member's state only moves forward in (incarnation, state)
-    /// order), so a repeat can be dropped before foca sees it. Only payloads foca would apply
-    /// are filtered and remembered: addressed to our identity, from the identity we hold active.
-    /// Updates about our own address are never dropped.
+    /// `max_transmissions` times, so with 1,667 members the repeats cost most of a member's
+    /// CPU when membership churns (a CPU-stalled peer is suspected and refutes every second;
+    /// before foca's member index, each was also a linear scan). Applying an update twice is a
+    /// no-op (a member's state only moves forward in (incarnation, state) order), so a repeat
+    /// can be dropped before foca sees it. Only payloads foca would apply are filtered:
+    /// addressed to our identity, from a sender foca holds active. The updates let through
+    /// wait in `applied_pending` for [`Membership::remember_applied`]. Updates about our own
+    /// address are never dropped.
     pub(super) fn drop_applied_updates(
         &mut self,
         now_ms: u64,
@@ -43,6 +53,7 @@ impl Membership {
         body: &[u8],
         header_len: usize,
     ) -> Option<Vec<u8>> {
+        self.applied_pending.clear();
         if header.message == Message::Broadcast || header.message == Message::Announce {
             return None;
         }
@@ -85,8 +96,9 @@ impl Membership {
                 continue;
             }
             let key = fnv1a(&body[start..end], FNV_OFFSET);
-            if self.applied.insert(key) {
-                self.applied_order.push_back((now_ms, key));
+            // Also drops a repeat within this payload.
+            if !self.applied.contains(&key) && !self.applied_pending.contains(&key) {
+                self.applied_pending.push(key);
                 kept.push((start, end));
             }
         }
@@ -103,6 +115,18 @@ impl Membership {
         }
         out.extend_from_slice(&body[at..]);
         Some(out)
+    }
+}
+
+impl Membership {
+    /// Remembers the updates [`Membership::drop_applied_updates`] let through, now that foca
+    /// took their datagram.
+    pub(super) fn remember_applied(&mut self, now_ms: u64) {
+        for key in self.applied_pending.drain(..) {
+            if self.applied.insert(key) {
+                self.applied_order.push_back((now_ms, key));
+            }
+        }
     }
 }
 
