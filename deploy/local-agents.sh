@@ -28,7 +28,7 @@ ours() {
   [[ -f $p ]] || return 1
   pid=$(cat "$p"); name=$(basename "$p" .pid)
   [[ $pid =~ ^[0-9]+$ ]] || return 1
-  { tr '\0' ' ' < "/proc/$pid/cmdline"; } 2>/dev/null | grep -q -- "agent --config $DIR/$name.toml" || return 1
+  { tr '\0' ' ' < "/proc/$pid/cmdline"; } 2>/dev/null | grep -qF -- "agent --config $DIR/$name.toml " || return 1
   echo "$pid"
 }
 
@@ -59,6 +59,8 @@ if [[ "${1:-}" == stop ]]; then
   DIR=${2:-/tmp/shoal-local}
   [[ -e $DIR || -L $DIR ]] || { echo "no agents of $DIR running"; exit 0; }
   owned_dir_check "$DIR"
+  # The pid files name the resolved path (start resolves it): so must the check of each one.
+  DIR=$(cd -P -- "$DIR" && pwd)
   stop_all
   exit 0
 fi
@@ -73,6 +75,15 @@ for p in "$DIR"/*.pid; do
     exit 1
   fi
   rm -f "$p"
+done
+# An agent this script no longer knows of (its pid file lost) would answer on the socket path a
+# new one is given, and the new one would exit on the data directory's lock, unnoticed.
+for sock in "$DIR"/node-*.sock; do
+  [[ -S $sock ]] || continue
+  if curl -s --max-time 2 --unix-socket "$sock" -o /dev/null http://agent/v1/agent/ready 2>/dev/null; then
+    echo "an agent already answers on $sock, not one this script knows of (no pid file); stop it first (see 'ss -xlp | grep $sock')" >&2
+    exit 1
+  fi
 done
 cd "$DIR"
 [[ -f dev-ca.pem ]] || "$SHOAL" certs ca --region dev --out . >/dev/null
@@ -123,5 +134,14 @@ for i in $(seq 1 "$N"); do
     fi
     sleep 0.2
   done
+done
+# Each answer must have come from the process started here (not from one left from before).
+for i in $(seq 1 "$N"); do
+  if ! ours "node-$i.pid" >/dev/null; then
+    echo "agent node-$i exited after start (see $DIR/node-$i.log):" >&2
+    tail -5 "$DIR/node-$i.log" >&2
+    stop_all >&2
+    exit 1
+  fi
 done
 echo "started $N agents in $DIR, all serving (sockets $DIR/node-*.sock, metrics 127.0.0.1:9464..)"

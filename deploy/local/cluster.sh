@@ -31,10 +31,12 @@
 # RUN_DIR holds every key and socket, so it must be yours alone (deploy/lib/owned-dir.sh): an
 # existing RUN_DIR is refused, before anything in it is read, removed or signalled, unless it is
 # a directory of the current user that group and others cannot write, with nothing in it of
-# another user; a missing one is created with mode 0700. `stop` and `status` only count a pid
+# another user, every directory above it only root's or yours (or sticky, as /tmp), and no
+# symlink on the way that another user owns or could replace; a missing one is created with
+# mode 0700. `stop` and `status` only count a pid
 # file whose process is still `shoal ... --config RUN_DIR/...`, so a reused or planted pid is
 # never signalled. The agents grant every right to the user who started the cluster (by uid);
-# other users cannot reach the sockets (RUN_DIR is 0700) and root's callers may only read.
+# other users cannot reach the sockets (RUN_DIR is 0700); root is an admin of every agent.
 set -euo pipefail
 # Everything this script writes is private (keys, configs, logs): and owned_dir_check refuses a
 # directory with group- or world-writable files, which a umask of 002 would make.

@@ -58,4 +58,37 @@ echo "$VICTIM" > "$O/node-1.pid"
 "$AGENTS" stop "$O" >/dev/null
 kill -0 "$VICTIM" 2>/dev/null || fail "local-agents.sh stop killed a process it did not start"
 echo "ok: local-agents.sh stop ignores a pid it did not start"
+
+# 4. A symlink another user planted at the predictable path in a sticky directory (as /tmp),
+# pointing at a private directory of the caller's, given with a trailing slash (which makes
+# `stat` follow it): start must refuse, not empty the caller's directory.
+P=$T/public; mkdir -m 1777 "$P"
+MINE=$T/mine; mkdir -m 0700 "$MINE"; echo precious > "$MINE/notes.txt"
+su -s /bin/sh shoal-test-a -c "ln -s '$MINE' '$P/shoal-cluster'"
+expect_refusal "cluster.sh start through another user's symlink (trailing slash)" env RUN_DIR="$P/shoal-cluster/" SHOAL=/bin/true REGIONS=1 AUTHORITIES=1 AGENTS=1 "$CLUSTER" start
+expect_refusal "local-agents.sh start through another user's symlink (trailing slash)" env SHOAL=/bin/true "$AGENTS" 1 "$P/shoal-cluster/"
+[[ $(cat "$MINE/notes.txt" 2>/dev/null) == precious ]] || fail "start emptied the directory another user's symlink pointed at"
+
+# 5. A run dir of ours under a directory another user owns: they could move it away after the
+# check and put one of theirs (with a fake agent socket) in its place.
+U=$T/theirs; mkdir -m 0755 "$U"; chown shoal-test-a "$U"; mkdir -m 0700 "$U/run"
+expect_refusal "cluster.sh start under another user's directory" env RUN_DIR="$U/run" SHOAL=/bin/true "$CLUSTER" start
+
+# 6. local-agents.sh stop finds the agents it started whatever the spelling of DIR (a trailing
+# slash, relative, characters a regular expression would read): the pid file names the
+# resolved path. A stand-in process with an agent's command line plays the agent.
+L="$T/la [1].x"; mkdir -m 0700 "$L"
+python3 -c 'import time; time.sleep(600)' agent --config "$L/node-1.toml" &
+AGENT=$!
+for spelling in "$L/" "la [1].x"; do
+  echo "$AGENT" > "$L/node-1.pid"
+  env -C "$T" "$AGENTS" stop "$spelling" >/dev/null
+  for _ in $(seq 1 50); do kill -0 "$AGENT" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$AGENT" 2>/dev/null; then kill "$AGENT"; fail "local-agents.sh stop '$spelling' left its agent running"; fi
+  wait "$AGENT" 2>/dev/null || true
+  echo "ok: local-agents.sh stop '$spelling' stops its agent"
+  python3 -c 'import time; time.sleep(600)' agent --config "$L/node-1.toml" &
+  AGENT=$!
+done
+kill "$AGENT"; wait "$AGENT" 2>/dev/null || true
 echo "run-dir-ownership: all checks passed"

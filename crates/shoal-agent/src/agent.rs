@@ -137,7 +137,8 @@ pub async fn run_until(
         tracing::warn!(
             "=== DEVELOPMENT AUTHORITY ENABLED: well-known INSECURE key; NOT FOR PRODUCTION ==="
         );
-        DevAuthority::open(cfg.region.clone(), cfg.node_id.clone(), &raw.data_dir)
+        let held = crate::dev_authority::HeldByMesh::of(mesh.catalog(), &cfg.region);
+        DevAuthority::open(cfg.region.clone(), cfg.node_id.clone(), &raw.data_dir, held)
     });
     if cfg.access.dev_allow_all() {
         tracing::warn!(

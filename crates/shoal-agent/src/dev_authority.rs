@@ -28,6 +28,50 @@ pub const DEV_STATE_FILE: &str = "dev-authority.state";
 /// File name of the dev authority's audit log (JSON lines, as the real authority's).
 pub const DEV_AUDIT_FILE: &str = "audit.log";
 
+/// How far above what the mesh holds a dev authority that lost its state starts numbering
+/// ([`DevAuthority::open`]): the agent's persisted catalog may lag what the region issued by
+/// the writes since it was last saved, far fewer than this on a development cluster.
+pub const DEV_FLOOR_MARGIN: u64 = 1_000_000;
+
+/// What this agent's catalog holds of its own region's authority chain when the dev
+/// authority opens: the largest revision and the largest boot generation seen (0 and 0 for an
+/// empty catalog). A state that numbers below them would re-issue revisions and generations
+/// the region already used, and agents would drop those writes as stale or conflicting.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HeldByMesh {
+    /// Largest revision of the region seen.
+    pub revision: u64,
+    /// Largest boot generation of a held record of the region.
+    pub generation: u64,
+}
+
+impl HeldByMesh {
+    /// What `catalog` holds of `region`: its largest revision seen (from the heads, cheap) and
+    /// the largest generation of a held record (a pass over the entries).
+    pub fn of(catalog: &shoal_catalog::Catalog, region: &Region) -> Self {
+        Self {
+            revision: Self::revision_of(catalog, region),
+            generation: catalog
+                .entries()
+                .map(|(_, _, e)| &e.lifecycle().record)
+                .filter(|r| &r.region == region)
+                .map(|r| r.generation.0)
+                .max()
+                .unwrap_or(0),
+        }
+    }
+
+    /// The largest revision of `region` that `catalog` has seen (0 if none).
+    pub fn revision_of(catalog: &shoal_catalog::Catalog, region: &Region) -> u64 {
+        catalog
+            .heads()
+            .regions
+            .iter()
+            .find(|h| &h.region == region)
+            .map_or(0, |h| h.max_seen.0)
+    }
+}
+
 /// The well-known development key of `region` (INSECURE by construction).
 pub fn dev_key(region: &Region) -> SigningKey {
     let mut seed = *b"shoal-INSECURE-dev-authority-key";
@@ -59,7 +103,19 @@ impl DevAuthority {
     /// overwritten, and the authority starts empty; if it cannot be moved aside, writes are
     /// refused (503) until it is moved away and the agent restarted, since the next save would
     /// replace what it holds.
-    pub fn open(region: Region, node: NodeId, data_dir: &std::path::Path) -> Self {
+    ///
+    /// A state that is behind what the mesh holds (`held`: started empty after its file was
+    /// lost or set aside, or an older copy put back) would re-issue used revisions and
+    /// generations, and every write it acknowledged would be dropped by agents. Its numbering
+    /// is raised above `held` plus [`DEV_FLOOR_MARGIN`] first (`AuthorityState::raise_floor`,
+    /// ADR 0007's restore rule) and saved. Instances it no longer knows must be registered
+    /// again (their new generation supersedes the held one).
+    pub fn open(
+        region: Region,
+        node: NodeId,
+        data_dir: &std::path::Path,
+        held: HeldByMesh,
+    ) -> Self {
         let path = data_dir.join(DEV_STATE_FILE);
         let (state, unreadable) = match crate::persist::read_state_file(&path) {
             Ok(b) => match AuthorityState::decode(&b) {
@@ -72,6 +128,10 @@ impl DevAuthority {
             Err(e) => (AuthorityState::new(region.clone()), Some(e.to_string())),
         };
         let write_blocked = unreadable.and_then(|error| set_aside(&path, &error));
+        let mut state = state;
+        if is_behind(&state, held) && write_blocked.is_none() {
+            raise_above(&mut state, held, &path);
+        }
         Self {
             key: dev_key(&region),
             state,
@@ -82,6 +142,21 @@ impl DevAuthority {
             save_failed_logged: false,
             write_blocked,
             replays: ReplayCache::default(),
+        }
+    }
+
+    /// Before a write: raises the numbering if the mesh now holds a revision this state has
+    /// not issued (the data directory was replaced while the region kept its records, so the
+    /// catalog was empty at [`DevAuthority::open`] and anti-entropy has filled it since).
+    /// `held_revision` is cheap ([`HeldByMesh::revision_of`]); `held` is asked only when the
+    /// state is behind.
+    pub fn catch_up(&mut self, held_revision: u64, held: impl FnOnce() -> HeldByMesh) {
+        if self.write_blocked.is_some() || held_revision < self.state.next_revision().0 {
+            return;
+        }
+        let held = held();
+        if is_behind(&self.state, held) {
+            raise_above(&mut self.state, held, &self.path);
         }
     }
 
@@ -263,6 +338,40 @@ impl DevAuthority {
     }
 }
 
+/// True when `state` would issue a revision or generation at or below what the mesh holds.
+fn is_behind(state: &AuthorityState, held: HeldByMesh) -> bool {
+    held.revision >= state.next_revision().0
+        || held.generation >= state.generation_at(state.last_applied_index() + 1).0
+}
+
+/// Raises `state`'s numbering above `held` plus the margin and saves it (logged; a failed save
+/// is retried by the first write, which refuses itself if it fails again).
+fn raise_above(state: &mut AuthorityState, held: HeldByMesh, path: &std::path::Path) {
+    let floor = held
+        .revision
+        .max(held.generation)
+        .saturating_add(DEV_FLOOR_MARGIN);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    if let Err(e) = state.raise_floor(floor, format!("dev-{now_ms}")) {
+        tracing::error!(error = %e, floor, "DEV AUTHORITY: cannot raise its numbering");
+        return;
+    }
+    metrics::counter!("shoal_dev_authority_floor_raises_total").increment(1);
+    tracing::error!(
+        file = %path.display(),
+        held_revision = held.revision,
+        held_generation = held.generation,
+        floor,
+        "DEV AUTHORITY state is behind what the mesh holds (lost, set aside or an older copy); \
+         numbering restarts above it. Instances it does not know must be registered again"
+    );
+    if let Err(e) = write_atomic(path, &state.encode(), 0o600) {
+        tracing::error!(error = %e, file = %path.display(), "DEV AUTHORITY: cannot persist its raised numbering");
+    }
+}
+
 /// Moves the unreadable state file at `path` aside; `Some(why)` when it could not be (then it
 /// must not be written).
 fn set_aside(path: &std::path::Path, error: &str) -> Option<String> {
@@ -314,13 +423,72 @@ mod tests {
         }
     }
 
-    /// A dev authority of region `dev` on `node-a`, its files in `dir`.
+    /// A dev authority of region `dev` on `node-a`, its files in `dir`, on an empty mesh.
     fn open(dir: &tempfile::TempDir) -> DevAuthority {
+        open_held(dir, HeldByMesh::default())
+    }
+
+    fn open_held(dir: &tempfile::TempDir, held: HeldByMesh) -> DevAuthority {
         DevAuthority::open(
             "dev".parse().unwrap(),
             "node-a".parse().unwrap(),
             dir.path(),
+            held,
         )
+    }
+
+    fn revision(r: &Result<AuthorityOk, AuthorityError>) -> u64 {
+        match r {
+            Ok(AuthorityOk::Committed { records }) => records[0].record.revision.0,
+            other => panic!("not committed: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_state_behind_the_mesh_numbers_above_what_the_mesh_holds() {
+        let b: NodeId = "node-b".parse().unwrap();
+        // The mesh holds revisions up to 40 and generations up to 12 of this region, and the
+        // state file was lost (a fresh state would number from 1 and 1).
+        let held = HeldByMesh {
+            revision: 40,
+            generation: 12,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let mut dev = open_held(&dir, held);
+        let first = dev.handle_request(b.clone(), 1, register(), None, 0);
+        assert!(revision(&first) > 40 + DEV_FLOOR_MARGIN, "{first:?}");
+        assert!(generation(&first) > 40 + DEV_FLOOR_MARGIN, "{first:?}");
+        // Saved at open: a restart on the same mesh view keeps numbering where it was.
+        let mut again = open_held(&dir, held);
+        let next = again.handle_request(b.clone(), 2, register(), None, 1_000);
+        assert_eq!(revision(&next), revision(&first) + 1);
+        assert_eq!(generation(&next), generation(&first) + 1);
+        // An unreadable file is set aside and the fresh state is raised the same way.
+        std::fs::write(dir.path().join(DEV_STATE_FILE), b"torn").unwrap();
+        let mut fresh = open_held(&dir, held);
+        let r = fresh.handle_request(b.clone(), 3, register(), None, 2_000);
+        assert!(revision(&r) > 40 + DEV_FLOOR_MARGIN, "{r:?}");
+        // A state ahead of the mesh (the normal restart) is left as it was.
+        let dir = tempfile::tempdir().unwrap();
+        let mut dev = open(&dir);
+        let one = dev.handle_request(b.clone(), 1, register(), None, 0);
+        let mut reopened = open_held(
+            &dir,
+            HeldByMesh {
+                revision: revision(&one),
+                generation: generation(&one),
+            },
+        );
+        let two = reopened.handle_request(b.clone(), 2, register(), None, 1_000);
+        assert_eq!(revision(&two), revision(&one) + 1);
+        // Caught up before a write: the mesh held nothing at open (a replaced data directory)
+        // and anti-entropy brought revisions up to 40 since.
+        let dir = tempfile::tempdir().unwrap();
+        let mut wiped = open(&dir);
+        wiped.catch_up(0, || panic!("asked for the generations while not behind"));
+        wiped.catch_up(40, || held);
+        let r = wiped.handle_request(b, 1, register(), None, 0);
+        assert!(revision(&r) > 40 + DEV_FLOOR_MARGIN, "{r:?}");
     }
 
     #[test]

@@ -182,6 +182,7 @@ impl Driver {
                 return;
             }
         };
+        self.dev_catch_up();
         let result = match self.dev.as_mut() {
             Some(dev) => dev.handle_request(
                 msg.peer.node_id.clone(),
@@ -208,6 +209,20 @@ impl Driver {
         ) {
             let _ = self.io.send_stream(msg.from, bytes);
         }
+    }
+
+    /// Lets the dev authority (if any) see what the mesh holds of its region before a write
+    /// (`DevAuthority::catch_up`).
+    fn dev_catch_up(&mut self) {
+        let Some(dev) = self.dev.as_mut() else {
+            return;
+        };
+        let mesh = self.shared.mesh.read().expect("mesh lock");
+        let region = &self.shared.cfg.region;
+        let revision = crate::dev_authority::HeldByMesh::revision_of(mesh.catalog(), region);
+        dev.catch_up(revision, || {
+            crate::dev_authority::HeldByMesh::of(mesh.catalog(), region)
+        });
     }
 
     fn on_authority_reply(&mut self, bytes: &[u8]) {
@@ -248,7 +263,9 @@ impl Driver {
                 on_behalf_of,
                 reply,
             } => match (to, self.dev.as_mut()) {
-                (None, Some(dev)) => {
+                (None, Some(_)) => {
+                    self.dev_catch_up();
+                    let dev = self.dev.as_mut().expect("matched");
                     let result =
                         dev.handle_for(self.shared.cfg.node_id.clone(), body, on_behalf_of);
                     let _ = reply.send(result);

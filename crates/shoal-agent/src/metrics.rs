@@ -41,7 +41,7 @@
 //! `shoal_build_info{version}` and `process_*` (`crate::metrics_describe`, which also holds the
 //! HELP text of every metric); exec probes: `shoal_probe_exec_total{result}`
 //! (`spawn_error`, `timeout_killed`); the dev authority's `shoal_audit_write_failures_total`
-//! and `shoal_dev_authority_save_failures_total`.
+//! `shoal_dev_authority_save_failures_total` and `shoal_dev_authority_floor_raises_total`.
 
 use std::sync::OnceLock;
 

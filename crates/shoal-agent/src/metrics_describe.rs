@@ -27,6 +27,7 @@ const COUNTERS: &[(&str, &str)] = &[
     ("shoal_consul_accept_errors_total", "Consul-compatible port accept() failures."),
     ("shoal_consul_connections_closed_total", "Consul-compatible port connections closed by the agent, by why (header_timeout: no request head within 10 s, idle keep-alive included; error)."),
     ("shoal_consul_connections_refused_total", "Consul-compatible port connections closed at accept over [consul] max_connections."),
+    ("shoal_dev_authority_floor_raises_total", "Development authority starts whose state was behind what the mesh holds (lost, set aside or an older copy): numbering raised above it."),
     ("shoal_dev_authority_save_failures_total", "Development authority writes refused (503, undone) because its state file could not be saved."),
     ("shoal_dns_queries_total", "DNS queries answered, by response code (NOERROR includes NODATA; FORMERR includes packets that did not decode)."),
     ("shoal_dns_tcp_accept_errors_total", "DNS TCP accept() failures (e.g. EMFILE); the loop backs off 20 ms."),
