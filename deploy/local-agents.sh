@@ -60,7 +60,7 @@ if [[ "${1:-}" == stop ]]; then
   [[ -e $DIR || -L $DIR ]] || { echo "no agents of $DIR running"; exit 0; }
   owned_dir_check "$DIR"
   # The pid files name the resolved path (start resolves it): so must the check of each one.
-  DIR=$(cd -P -- "$DIR" && pwd)
+  DIR=$OWNED_DIR_REAL
   stop_all
   exit 0
 fi
@@ -68,7 +68,7 @@ N=${1:-3}
 DIR=${2:-/tmp/shoal-local}
 [[ -x $SHOAL ]] || { echo "build first: cargo build --release -p shoal-cli" >&2; exit 1; }
 owned_dir_make "$DIR"
-DIR=$(cd -P -- "$DIR" && pwd)
+DIR=$OWNED_DIR_REAL
 for p in "$DIR"/*.pid; do
   if pid=$(ours "$p"); then
     echo "agents already run in $DIR (pid $pid, $(basename "$p" .pid)); run: $0 stop $DIR" >&2

@@ -12,51 +12,56 @@ owned_dir_refuse() {
   exit 1
 }
 
-# owned_dir_trusted PATH: true when PATH (not followed) belongs to root or the current user and
-# nobody else can rename or replace what is in it: not writable by group or others, unless it
-# is a sticky directory (/tmp), where only an entry's owner may rename it.
+# owned_dir_trusted DIR: true when DIR (a symlink is followed) is a directory of root or the
+# current user in which nobody else can rename or replace an entry: not writable by group or
+# others, unless it is sticky (/tmp), where only an entry's owner may rename it.
 owned_dir_trusted() {
   local owner mode
-  owner=$(stat -c %u -- "$1") && mode=$(stat -c %a -- "$1") || return 1
+  [[ -d $1 ]] || return 1
+  owner=$(stat -L -c %u -- "$1") && mode=$(stat -L -c %a -- "$1") || return 1
   [[ $owner == 0 || $owner == "$(id -u)" ]] || return 1
-  [[ -d $1 && ! -L $1 ]] && (( (8#$mode & 8#1000) != 0 )) && return 0
-  (( (8#$mode & 8#022) == 0 ))
+  (( (8#$mode & 8#1000) != 0 || (8#$mode & 8#022) == 0 ))
 }
 
 # owned_dir_check DIR: exits 1 unless
-# - every symlink met on the way to DIR, as given (a trailing slash follows the last one too),
-#   belongs to root or the current user and sits in a directory nobody else can change: a
-#   symlink of another user's in /tmp would otherwise send the caller into a directory of the
-#   attacker's choosing (one of the caller's own, to be emptied by `start`);
-# - every directory above DIR (resolved) is trusted the same way, so nobody can swap DIR for
-#   one of theirs after the check (a fake agent socket where the real one was);
+# - DIR, as given, has no `..` component and passes only through directories nobody but root
+#   and the current user can change (owned_dir_trusted), and every symlink on the way (a
+#   trailing slash follows the last one too) is root's or the current user's: otherwise another
+#   user could point the path, between this check and its use, at a directory of the caller's
+#   own (to be emptied by `start`) or at one of theirs;
+# - every directory above DIR's resolved path is trusted the same way, so nobody can move DIR
+#   away afterwards and put one of theirs (with a fake agent socket) in its place;
 # - DIR is a directory of the current user that group and others cannot write, with nothing
 #   under it owned by another user or writable by group or others (sockets and symlinks: owner
 #   only; their mode bits grant no write to the name).
-# Callers go on with the resolved path only (cd -P), never the one given.
+# On success OWNED_DIR_REAL holds DIR's resolved path, resolved once here: callers use it, never
+# the path given (resolving it again could give another answer).
 owned_dir_check() {
-  local dir=$1 me real abs prefix part bad parts
+  local dir=$1 me abs prefix part parts real bad owner mode
   me=$(id -u)
+  [[ -n $dir ]] || owned_dir_refuse "''" "an empty path"
   [[ $dir == /* ]] && abs=$dir || abs=$PWD/$dir
   IFS=/ read -r -a parts <<<"$abs"
   prefix=""
   for part in "${parts[@]}"; do
     [[ -n $part && $part != . ]] || continue
+    [[ $part != .. ]] || owned_dir_refuse "$dir" "it has a '..' component; give the directory's path without one"
+    owned_dir_trusted "${prefix:-/}" ||
+      owned_dir_refuse "$dir" "it passes through ${prefix:-/} ($(stat -L -c 'owner %U, mode %a' -- "${prefix:-/}" 2>/dev/null)), where another user could rename or replace what follows; use a directory under ones that only you and root can write (or a sticky one such as /tmp)"
     prefix=$prefix/$part
     if [[ -L $prefix ]]; then
-      owned_dir_trusted "$prefix" && owned_dir_trusted "$(dirname -- "$prefix")" ||
-        owned_dir_refuse "$dir" "the path goes through the symlink $prefix ($(stat -c 'owner %U, in a directory of %U' -- "$prefix" 2>/dev/null)), which another user owns or could replace; give the directory's real path"
+      owner=$(stat -c %u -- "$prefix")
+      [[ $owner == 0 || $owner == "$me" ]] ||
+        owned_dir_refuse "$dir" "it goes through the symlink $prefix of $(stat -c %U -- "$prefix"), who could point it elsewhere; give the directory's real path"
     fi
   done
   real=$(cd -P -- "$dir" 2>/dev/null && pwd) || owned_dir_refuse "$dir" "cannot enter it"
-  [[ -d $real ]] || owned_dir_refuse "$dir" "not a directory"
   prefix=$real
   while [[ $prefix != / ]]; do
     prefix=$(dirname -- "$prefix")
     owned_dir_trusted "$prefix" ||
-      owned_dir_refuse "$dir" "$prefix (above it) is owned by $(stat -c '%U, mode %a' -- "$prefix"): another user could move the directory away and put one of theirs in its place; use a directory under one that only you and root can write (or a sticky one such as /tmp)"
+      owned_dir_refuse "$dir" "$prefix (above its real path $real) is $(stat -c 'owner %U, mode %a' -- "$prefix"): another user could move the directory away and put one of theirs in its place; use a directory under ones that only you and root can write (or a sticky one such as /tmp)"
   done
-  local owner mode
   owner=$(stat -c %u -- "$real"); mode=$(stat -c %a -- "$real")
   [[ $owner == "$me" ]] || owned_dir_refuse "$dir" "$real is owned by uid $owner ($(stat -c %U -- "$real")), not by you (uid $me); another user could have put their own CA and keys in it, replaced the agents' sockets or named your processes in its pid files. Remove it or use a directory of your own"
   (( (8#$mode & 8#022) == 0 )) || owned_dir_refuse "$dir" "$real has mode $mode, writable by group or others; run: chmod 700 $real"
@@ -64,6 +69,7 @@ owned_dir_check() {
     -printf '  %p (owner %u, mode %m)\n' 2>&1 | head -5)
   [[ -z $bad ]] || owned_dir_refuse "$dir" "files in it belong to another user or are writable by group or others (keys, configs and sockets must be yours alone); remove them or the directory:
 $bad"
+  OWNED_DIR_REAL=$real
 }
 
 # owned_dir_make DIR: creates DIR with mode 0700 if nothing has that name, then checks it. Not

@@ -16,7 +16,8 @@
 #
 # Environment: REGIONS (3), AUTHORITIES (3), AGENTS (8), RUN_DIR (/tmp/shoal-cluster),
 # SHOAL (target/release/shoal, or $CARGO_TARGET_DIR/release/shoal), FAST_SWIM=1 (test-speed SWIM
-# timings instead of the defaults), KEEP=1 (reuse an existing run dir instead of wiping it),
+# timings instead of the defaults), KEEP=1 (reuse an existing run dir instead of emptying it; start
+# only ever empties a run dir it made itself, or an empty one),
 # NET_BASE (20: region r lives on 127.0.(NET_BASE+r).*), PULL_MS (500: failover pulls), POLICY
 # (a policy JSON for `shoal policy sign`; default: prod/web/http read-only failover to the other
 # regions in order, prod/capped/http writable failover capped at 2 requests/s per agent;
@@ -49,6 +50,8 @@ NET_BASE=${NET_BASE:-20}
 AUTHORITIES=${AUTHORITIES:-3}
 AGENTS=${AGENTS:-8}
 RUN_DIR=${RUN_DIR:-/tmp/shoal-cluster}
+# Marks a run dir this script made (the only kind `start` empties).
+MARKER=.shoal-cluster-run-dir
 MODE=${1:-foreground}
 # shellcheck source=deploy/lib/owned-dir.sh
 source "$ROOT/deploy/lib/owned-dir.sh"
@@ -86,7 +89,7 @@ case $MODE in
   stop|status)
     [[ -e $RUN_DIR || -L $RUN_DIR ]] || { echo "no cluster in $RUN_DIR"; exit 0; }
     owned_dir_check "$RUN_DIR"
-    RUN_DIR=$(cd -P -- "$RUN_DIR" && pwd) ;;
+    RUN_DIR=$OWNED_DIR_REAL ;;
   start|foreground) ;;
   *) echo "usage: $0 [start|stop|status]" >&2; exit 2 ;;
 esac
@@ -104,18 +107,28 @@ esac
 [[ -x $SHOAL ]] || { echo "build first: cargo build --release -p shoal-cli (or set SHOAL=...)" >&2; exit 1; }
 if [[ -e $RUN_DIR || -L $RUN_DIR ]]; then
   owned_dir_check "$RUN_DIR"
-  RUN_DIR=$(cd -P -- "$RUN_DIR" && pwd)
+  RUN_DIR=$OWNED_DIR_REAL
   for p in "$RUN_DIR"/pids/*.pid; do
     if pid=$(ours "$p"); then
       echo "a cluster runs in $RUN_DIR (pid $pid, $(basename "$p" .pid)); $0 stop first" >&2; exit 1
     fi
   done
   # Empty it, keeping the checked directory itself (removing and re-making the name would let
-  # someone else's directory take it in between).
-  [[ ${KEEP:-0} == 1 ]] || find "$RUN_DIR" -mindepth 1 -delete
+  # someone else's directory take it in between); but only a run dir this script made (its
+  # marker, or the layout of one made before the marker) or an empty one: RUN_DIR=$HOME or a
+  # project directory given by mistake must never be wiped.
+  if [[ ${KEEP:-0} != 1 ]]; then
+    if [[ -f $RUN_DIR/$MARKER || ( -d $RUN_DIR/pids && -f $RUN_DIR/agents.tsv ) || -z $(ls -A -- "$RUN_DIR") ]]; then
+      find "$RUN_DIR" -mindepth 1 -delete
+    else
+      echo "cluster.sh: refusing to empty $RUN_DIR: it holds files this script did not make (no $MARKER); give a new or empty directory as RUN_DIR" >&2
+      exit 1
+    fi
+  fi
 fi
 owned_dir_make "$RUN_DIR"
-RUN_DIR=$(cd -P -- "$RUN_DIR" && pwd)
+RUN_DIR=$OWNED_DIR_REAL
+echo "made by deploy/local/cluster.sh: its next start empties this directory" > "$RUN_DIR/$MARKER"
 mkdir -p "$RUN_DIR/pids"
 if [[ $MODE == foreground ]]; then
   trap 'echo; stop_all; exit 0' INT TERM

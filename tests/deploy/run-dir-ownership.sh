@@ -15,7 +15,9 @@ if [[ $(id -u) != 0 ]] || ! id shoal-test-a >/dev/null 2>&1; then
 fi
 T=$(mktemp -d); chmod 755 "$T"
 VICTIM=
-cleanup() { [[ -n $VICTIM ]] && kill "$VICTIM" 2>/dev/null; rm -rf "$T"; }
+MAIN=$BASHPID
+# Only the test's own shell cleans up (a subshell that inherited the trap must not).
+cleanup() { [[ $BASHPID == "$MAIN" ]] || return 0; [[ -n $VICTIM ]] && kill "$VICTIM" 2>/dev/null; rm -rf "$T"; }
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 # expect_refusal WHAT CMD...: CMD exits 1 and says "refusing".
@@ -73,6 +75,23 @@ expect_refusal "local-agents.sh start through another user's symlink (trailing s
 # check and put one of theirs (with a fake agent socket) in its place.
 U=$T/theirs; mkdir -m 0755 "$U"; chown shoal-test-a "$U"; mkdir -m 0700 "$U/run"
 expect_refusal "cluster.sh start under another user's directory" env RUN_DIR="$U/run" SHOAL=/bin/true "$CLUSTER" start
+
+# 5b. A '..' that steps out of another user's directory (they could swap what it walks
+# through between the check and the use).
+mkdir -m 0755 "$U/x"; chown shoal-test-a "$U/x"
+expect_refusal "cluster.sh start with '..' through another user's directory" env RUN_DIR="$U/x/../../mine" SHOAL=/bin/true "$CLUSTER" start
+[[ $(cat "$MINE/notes.txt" 2>/dev/null) == precious ]] || fail "a '..' path emptied a directory"
+
+# 5c. A directory of ours that this script did not make (RUN_DIR=$HOME by mistake): start
+# refuses to empty it.
+expect_refusal "cluster.sh start, a directory of ours it did not make" env RUN_DIR="$MINE" SHOAL=/bin/true "$CLUSTER" start
+[[ $(cat "$MINE/notes.txt" 2>/dev/null) == precious ]] || fail "start emptied a directory it did not make"
+
+# 5d. Symlinks of root's or ours on the way are fine (a home directory behind a symlink).
+ln -s "$O" "$T/our-link"
+out=$(RUN_DIR="$T/our-link/" "$CLUSTER" status 2>&1) || fail "status through our own symlink refused: $out"
+out=$(env -C "$T/our-link" "$AGENTS" stop . 2>&1) || fail "local-agents.sh stop through our own symlink refused: $out"
+echo "ok: a path through our own symlink is accepted"
 
 # 6. local-agents.sh stop finds the agents it started whatever the spelling of DIR (a trailing
 # slash, relative, characters a regular expression would read): the pid file names the

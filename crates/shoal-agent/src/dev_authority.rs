@@ -46,29 +46,31 @@ pub struct HeldByMesh {
 }
 
 impl HeldByMesh {
-    /// What `catalog` holds of `region`: its largest revision seen (from the heads, cheap) and
-    /// the largest generation of a held record (a pass over the entries).
+    /// What `catalog` holds of `region`: the largest revision its head has seen or a held
+    /// record carries, and the largest generation of a held record. A pass over the entries
+    /// (a development catalog is small; the head alone can miss revisions past its bounded
+    /// set of pending ones).
     pub fn of(catalog: &shoal_catalog::Catalog, region: &Region) -> Self {
-        Self {
-            revision: Self::revision_of(catalog, region),
-            generation: catalog
-                .entries()
-                .map(|(_, _, e)| &e.lifecycle().record)
-                .filter(|r| &r.region == region)
-                .map(|r| r.generation.0)
-                .max()
-                .unwrap_or(0),
-        }
-    }
-
-    /// The largest revision of `region` that `catalog` has seen (0 if none).
-    pub fn revision_of(catalog: &shoal_catalog::Catalog, region: &Region) -> u64 {
-        catalog
+        let seen = catalog
             .heads()
             .regions
             .iter()
             .find(|h| &h.region == region)
-            .map_or(0, |h| h.max_seen.0)
+            .map_or(0, |h| h.max_seen.0);
+        catalog
+            .entries()
+            .map(|(_, _, e)| &e.lifecycle().record)
+            .filter(|r| &r.region == region)
+            .fold(
+                Self {
+                    revision: seen,
+                    generation: 0,
+                },
+                |held, r| Self {
+                    revision: held.revision.max(r.revision.0),
+                    generation: held.generation.max(r.generation.0),
+                },
+            )
     }
 }
 
@@ -145,17 +147,12 @@ impl DevAuthority {
         }
     }
 
-    /// Before a write: raises the numbering if the mesh now holds a revision this state has
-    /// not issued (the data directory was replaced while the region kept its records, so the
-    /// catalog was empty at [`DevAuthority::open`] and anti-entropy has filled it since).
-    /// `held_revision` is cheap ([`HeldByMesh::revision_of`]); `held` is asked only when the
-    /// state is behind.
-    pub fn catch_up(&mut self, held_revision: u64, held: impl FnOnce() -> HeldByMesh) {
-        if self.write_blocked.is_some() || held_revision < self.state.next_revision().0 {
-            return;
-        }
-        let held = held();
-        if is_behind(&self.state, held) {
+    /// Before a write: raises the numbering if the mesh now holds a revision or generation
+    /// this state has not issued (the data directory was replaced while the region kept its
+    /// records, so the catalog was empty at [`DevAuthority::open`] and anti-entropy has filled
+    /// it since).
+    pub fn catch_up(&mut self, held: HeldByMesh) {
+        if self.write_blocked.is_none() && is_behind(&self.state, held) {
             raise_above(&mut self.state, held, &self.path);
         }
     }
@@ -485,8 +482,8 @@ mod tests {
         // and anti-entropy brought revisions up to 40 since.
         let dir = tempfile::tempdir().unwrap();
         let mut wiped = open(&dir);
-        wiped.catch_up(0, || panic!("asked for the generations while not behind"));
-        wiped.catch_up(40, || held);
+        wiped.catch_up(HeldByMesh::default());
+        wiped.catch_up(held);
         let r = wiped.handle_request(b, 1, register(), None, 0);
         assert!(revision(&r) > 40 + DEV_FLOOR_MARGIN, "{r:?}");
     }

@@ -218,11 +218,10 @@ impl Driver {
             return;
         };
         let mesh = self.shared.mesh.read().expect("mesh lock");
-        let region = &self.shared.cfg.region;
-        let revision = crate::dev_authority::HeldByMesh::revision_of(mesh.catalog(), region);
-        dev.catch_up(revision, || {
-            crate::dev_authority::HeldByMesh::of(mesh.catalog(), region)
-        });
+        dev.catch_up(crate::dev_authority::HeldByMesh::of(
+            mesh.catalog(),
+            &self.shared.cfg.region,
+        ));
     }
 
     fn on_authority_reply(&mut self, bytes: &[u8]) {
