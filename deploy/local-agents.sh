@@ -7,11 +7,13 @@
 #   deploy/local-agents.sh stop [DIR]     stop the agents this script started (SIGTERM: graceful
 #                                         leave; SIGKILL after 10 s)
 #
-# DIR holds the CA and node keys, the configs and the agents' sockets, so it must be yours alone:
-# a missing DIR is created with mode 0700; an existing one is refused (before anything is read,
-# written or signalled) unless it is a directory owned by the current user that group and others
-# cannot write, with nothing in it owned by another user or writable by group or others (a
-# predictable /tmp path could have been made by another local user, with their own CA and keys).
+# DIR holds the CA and node keys, the configs and the agents' sockets, so it must be yours alone
+# (deploy/lib/owned-dir.sh): a missing DIR is created with mode 0700 in an existing parent; an
+# existing one is refused (before anything is read, written or signalled) unless it is a
+# directory of the current user that group and others cannot enter, with nothing in it of
+# another user, reached only through directories and symlinks of root's or the current user's
+# (a predictable /tmp path could have been made by another local user, with their own CA and
+# keys). `start` also refuses a non-empty DIR it did not make (marker .shoal-local-agents-dir).
 #
 # Refuses to start while an agent it started in DIR still runs. Each pid file holds the pid of a
 # process that was verified to be `shoal agent --config DIR/<node>.toml`; `stop` checks that again
@@ -38,7 +40,7 @@ source "$(dirname -- "$0")/lib/owned-dir.sh"
 
 stop_all() {
   local p pid pids=()
-  for p in "$DIR"/*.pid; do
+  for p in "$DIR"/node-*.pid; do
     [[ -f $p ]] || continue
     if pid=$(ours "$p"); then pids+=("$pid"); fi
     rm -f "$p"
@@ -69,7 +71,16 @@ DIR=${2:-/tmp/shoal-local}
 [[ -x $SHOAL ]] || { echo "build first: cargo build --release -p shoal-cli" >&2; exit 1; }
 owned_dir_make "$DIR"
 DIR=$OWNED_DIR_REAL
-for p in "$DIR"/*.pid; do
+# Only a directory this script made (its marker, or the files of one made before the marker)
+# or an empty one: it writes node-N.toml, keys and logs and removes node-N.pid files, so a
+# project directory given by mistake must be refused, not overwritten.
+MARKER=.shoal-local-agents-dir
+if [[ ! -f $DIR/$MARKER && ! ( -f $DIR/dev-ca.pem && -f $DIR/node-1.toml ) && -n $(ls -A -- "$DIR") ]]; then
+  echo "local-agents.sh: refusing $DIR: it holds files this script did not make (no $MARKER); give a new or empty directory" >&2
+  exit 1
+fi
+echo "made by deploy/local-agents.sh" > "$DIR/$MARKER"
+for p in "$DIR"/node-*.pid; do
   if pid=$(ours "$p"); then
     echo "agents already run in $DIR (pid $pid, $(basename "$p" .pid)); run: $0 stop $DIR" >&2
     exit 1

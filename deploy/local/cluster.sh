@@ -31,10 +31,10 @@
 #
 # RUN_DIR holds every key and socket, so it must be yours alone (deploy/lib/owned-dir.sh): an
 # existing RUN_DIR is refused, before anything in it is read, removed or signalled, unless it is
-# a directory of the current user that group and others cannot write, with nothing in it of
-# another user, every directory above it only root's or yours (or sticky, as /tmp), and no
-# symlink on the way that another user owns or could replace; a missing one is created with
-# mode 0700. `stop` and `status` only count a pid
+# a directory of the current user that group and others cannot enter, with nothing in it of
+# another user, reached only through directories only root or you can change (or sticky, as
+# /tmp) and symlinks of root's or yours; a missing one is created with mode 0700 in an existing
+# parent. `stop` and `status` only count a pid
 # file whose process is still `shoal ... --config RUN_DIR/...`, so a reused or planted pid is
 # never signalled. The agents grant every right to the user who started the cluster (by uid);
 # other users cannot reach the sockets (RUN_DIR is 0700); root is an admin of every agent.

@@ -25,7 +25,7 @@ expect_refusal() {
   local what=$1 out st=0; shift
   out=$("$@" 2>&1) || st=$?
   [[ $st == 1 && $out == *refusing* ]] || fail "$what: expected a refusal (exit 1), got exit $st: $out"
-  echo "ok: $what"
+  echo "ok: $what (${out%%$'\n'*})"
 }
 # A process of ours that a planted pid file names; nothing may signal it.
 sleep 600 & VICTIM=$!
@@ -92,6 +92,36 @@ ln -s "$O" "$T/our-link"
 out=$(RUN_DIR="$T/our-link/" "$CLUSTER" status 2>&1) || fail "status through our own symlink refused: $out"
 out=$(env -C "$T/our-link" "$AGENTS" stop . 2>&1) || fail "local-agents.sh stop through our own symlink refused: $out"
 echo "ok: a path through our own symlink is accepted"
+
+# 5e. Our symlink pointing at another user's symlink (which they can re-point at any run dir of
+# ours): refused, and the run dir it points at now keeps its files.
+R=$T/oldrun; mkdir -m 0700 "$R"; echo "made by deploy/local/cluster.sh" > "$R/.shoal-cluster-run-dir"; echo kept > "$R/keep.txt"
+mkdir -m 0755 "$P/att"; chown shoal-test-a "$P/att"
+su -s /bin/sh shoal-test-a -c "ln -s '$R' '$P/att/l'"
+ln -s "$P/att/l" "$T/chain"
+expect_refusal "cluster.sh start through our symlink to another user's symlink" env RUN_DIR="$T/chain" SHOAL=/bin/true "$CLUSTER" start
+[[ -f $R/keep.txt ]] || fail "a symlink chain through another user's symlink emptied a run dir"
+su -s /bin/sh shoal-test-a -c "ln -s '$R' '$P/l2'"
+ln -s "$P/l2" "$T/chain2"
+expect_refusal "cluster.sh start through our symlink to another user's symlink in a sticky dir" env RUN_DIR="$T/chain2" SHOAL=/bin/true "$CLUSTER" start
+[[ -f $R/keep.txt ]] || fail "a symlink chain through another user's symlink emptied a run dir"
+# ... and nothing is created where such a path points before the refusal.
+expect_refusal "cluster.sh start, a new run dir under another user's symlink" env RUN_DIR="$P/att/l/new" SHOAL=/bin/true "$CLUSTER" start
+[[ ! -e $R/new ]] || fail "a directory was created before the path was checked"
+
+# 5f. A newline in the path; a run dir group or others can enter (its sockets would be
+# reachable by them).
+expect_refusal "cluster.sh start, a newline in the path" env RUN_DIR="$T/a"$'\n'"b" SHOAL=/bin/true "$CLUSTER" start
+G=$T/open; mkdir -m 0755 "$G"
+expect_refusal "local-agents.sh start, a run dir others can enter" env SHOAL=/bin/true "$AGENTS" 1 "$G"
+
+# 5g. local-agents.sh: a non-empty directory it did not make is refused (it would overwrite
+# node-1.toml), and stop removes only its own node-N.pid files.
+J=$T/project; mkdir -m 0700 "$J"; echo mine > "$J/node-1.toml"; echo 1 > "$J/postgres.pid"
+expect_refusal "local-agents.sh start, a directory of ours it did not make" env SHOAL=/bin/true "$AGENTS" 1 "$J"
+"$AGENTS" stop "$J" >/dev/null
+[[ $(cat "$J/node-1.toml") == mine && -f $J/postgres.pid ]] || fail "local-agents.sh changed files it did not make"
+echo "ok: local-agents.sh leaves files it did not make"
 
 # 6. local-agents.sh stop finds the agents it started whatever the spelling of DIR (a trailing
 # slash, relative, characters a regular expression would read): the pid file names the
