@@ -30,7 +30,8 @@ owned_dir_trusted() {
 # target, at any depth) belongs to someone other than root and the current user: such a user
 # could point the path, between this check and its use, at a directory of the caller's own (to
 # be emptied by `start`) or at one of theirs. `..` steps up from the directory reached so far,
-# which is real and was checked on the way down. Nothing is created.
+# which is real and was checked on the way down. The directory reached must be trusted as well.
+# Nothing is created.
 owned_dir_resolve() {
   local path=$1 me cur comp target hops=0 owner
   local -a queue more
@@ -62,6 +63,9 @@ owned_dir_resolve() {
     [[ -d $next ]] || owned_dir_refuse "$1" "$next is not a directory"
     cur=$next
   done
+  # The directory reached is judged too: a caller may create something in it next.
+  owned_dir_trusted "$cur" ||
+    owned_dir_refuse "$1" "$cur ($(stat -c 'owner %U, mode %a' -- "$cur" 2>/dev/null)) is not a directory that only you and root can change"
   OWNED_DIR_REAL=$cur
 }
 

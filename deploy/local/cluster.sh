@@ -117,14 +117,13 @@ if [[ -e $RUN_DIR || -L $RUN_DIR ]]; then
   # someone else's directory take it in between); but only a run dir this script made (its
   # marker, or the layout of one made before the marker) or an empty one: RUN_DIR=$HOME or a
   # project directory given by mistake must never be wiped.
-  if [[ ${KEEP:-0} != 1 ]]; then
-    if [[ -f $RUN_DIR/$MARKER || ( -d $RUN_DIR/pids && -f $RUN_DIR/agents.tsv ) || -z $(ls -A -- "$RUN_DIR") ]]; then
-      find "$RUN_DIR" -mindepth 1 -delete
-    else
-      echo "cluster.sh: refusing to empty $RUN_DIR: it holds files this script did not make (no $MARKER); give a new or empty directory as RUN_DIR" >&2
-      exit 1
-    fi
+  # KEEP=1 reuses such a directory as it is (and is refused for any other, which would get the
+  # marker and be emptied by the next start). -xdev: never into a file system mounted inside.
+  if [[ ! -f $RUN_DIR/$MARKER && ! ( -d $RUN_DIR/pids && -f $RUN_DIR/agents.tsv ) && -n $(ls -A -- "$RUN_DIR") ]]; then
+    echo "cluster.sh: refusing $RUN_DIR: it holds files this script did not make (no $MARKER); give a new or empty directory as RUN_DIR" >&2
+    exit 1
   fi
+  [[ ${KEEP:-0} == 1 ]] || find "$RUN_DIR" -xdev -mindepth 1 -delete
 fi
 owned_dir_make "$RUN_DIR"
 RUN_DIR=$OWNED_DIR_REAL

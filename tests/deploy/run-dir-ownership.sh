@@ -86,6 +86,12 @@ expect_refusal "cluster.sh start with '..' through another user's directory" env
 # refuses to empty it.
 expect_refusal "cluster.sh start, a directory of ours it did not make" env RUN_DIR="$MINE" SHOAL=/bin/true "$CLUSTER" start
 [[ $(cat "$MINE/notes.txt" 2>/dev/null) == precious ]] || fail "start emptied a directory it did not make"
+expect_refusal "cluster.sh start KEEP=1, a directory of ours it did not make" env KEEP=1 RUN_DIR="$MINE" SHOAL=/bin/true "$CLUSTER" start
+[[ ! -e $MINE/.shoal-cluster-run-dir ]] || fail "KEEP=1 marked a directory it did not make (the next start would empty it)"
+# A new run dir in a directory of another user's (sticky or not): nothing is created there.
+B=$P/bx; mkdir -m 0777 "$B"; chown shoal-test-a "$B"
+expect_refusal "cluster.sh start, a new run dir inside another user's directory" env RUN_DIR="$B/run" SHOAL=/bin/true "$CLUSTER" start
+[[ ! -e $B/run ]] || fail "a run dir was created inside another user's directory before the check"
 
 # 5d. Symlinks of root's or ours on the way are fine (a home directory behind a symlink).
 ln -s "$O" "$T/our-link"
