@@ -182,7 +182,9 @@ impl Driver {
                 return;
             }
         };
-        self.dev_catch_up();
+        if req.body.is_write() {
+            self.dev_catch_up();
+        }
         let result = match self.dev.as_mut() {
             Some(dev) => dev.handle_request(
                 msg.peer.node_id.clone(),
@@ -212,7 +214,7 @@ impl Driver {
     }
 
     /// Lets the dev authority (if any) see what the mesh holds of its region before a write
-    /// (`DevAuthority::catch_up`).
+    /// (`DevAuthority::catch_up`; a pass over the catalog's entries, so writes only).
     fn dev_catch_up(&mut self) {
         let Some(dev) = self.dev.as_mut() else {
             return;
@@ -263,7 +265,9 @@ impl Driver {
                 reply,
             } => match (to, self.dev.as_mut()) {
                 (None, Some(_)) => {
-                    self.dev_catch_up();
+                    if body.is_write() {
+                        self.dev_catch_up();
+                    }
                     let dev = self.dev.as_mut().expect("matched");
                     let result =
                         dev.handle_for(self.shared.cfg.node_id.clone(), body, on_behalf_of);
