@@ -37,7 +37,9 @@
 # parent. `stop` and `status` only count a pid
 # file whose process is still `shoal ... --config RUN_DIR/...`, so a reused or planted pid is
 # never signalled. The agents grant every right to the user who started the cluster (by uid);
-# other users cannot reach the sockets (RUN_DIR is 0700); root is an admin of every agent.
+# other users cannot reach the sockets (RUN_DIR is 0700); root is an admin of every agent. A
+# start and a stop of one RUN_DIR never run at once (RUN_DIR/.lock): a second start is refused,
+# and a stop during a start waits for it, then stops what it started.
 set -euo pipefail
 # Everything this script writes is private (keys, configs, logs): and owned_dir_check refuses a
 # directory with group- or world-writable files, which a umask of 002 would make.
@@ -66,6 +68,15 @@ ours() {
   echo "$pid"
 }
 
+# lock_run_dir WAIT_S: holds RUN_DIR/.lock (fd 9) until this script exits, so a `start` and a
+# `stop` never run at once: a stop during a start waits for it (up to WAIT_S) and then stops
+# what it started, instead of finding no pid files yet and leaving the cluster to come up.
+# Long-lived children do not inherit it (spawn closes fd 9).
+lock_run_dir() {
+  exec 9>>"$RUN_DIR/.lock"
+  flock -w "$1" 9 || { echo "cluster.sh: refusing $RUN_DIR: another start or stop of it is still running" >&2; exit 1; }
+}
+
 stop_all() {
   local p pid pids=()
   for p in "$RUN_DIR"/pids/*.pid; do
@@ -89,7 +100,8 @@ case $MODE in
   stop|status)
     [[ -e $RUN_DIR || -L $RUN_DIR ]] || { echo "no cluster in $RUN_DIR"; exit 0; }
     owned_dir_check "$RUN_DIR"
-    RUN_DIR=$OWNED_DIR_REAL ;;
+    RUN_DIR=$OWNED_DIR_REAL
+    [[ $MODE == status ]] || lock_run_dir 300 ;;
   start|foreground) ;;
   *) echo "usage: $0 [start|stop|status]" >&2; exit 2 ;;
 esac
@@ -108,6 +120,7 @@ esac
 if [[ -e $RUN_DIR || -L $RUN_DIR ]]; then
   owned_dir_check "$RUN_DIR"
   RUN_DIR=$OWNED_DIR_REAL
+  lock_run_dir 0
   for p in "$RUN_DIR"/pids/*.pid; do
     if pid=$(ours "$p"); then
       echo "a cluster runs in $RUN_DIR (pid $pid, $(basename "$p" .pid)); $0 stop first" >&2; exit 1
@@ -119,14 +132,15 @@ if [[ -e $RUN_DIR || -L $RUN_DIR ]]; then
   # project directory given by mistake must never be wiped.
   # KEEP=1 reuses such a directory as it is (and is refused for any other, which would get the
   # marker and be emptied by the next start). -xdev: never into a file system mounted inside.
-  if [[ ! -f $RUN_DIR/$MARKER && ! ( -d $RUN_DIR/pids && -f $RUN_DIR/agents.tsv ) && -n $(ls -A -- "$RUN_DIR") ]]; then
+  if [[ ! -f $RUN_DIR/$MARKER && ! ( -d $RUN_DIR/pids && -f $RUN_DIR/agents.tsv ) && -n $(ls -A -I .lock -- "$RUN_DIR") ]]; then
     echo "cluster.sh: refusing $RUN_DIR: it holds files this script did not make (no $MARKER); give a new or empty directory as RUN_DIR" >&2
     exit 1
   fi
-  [[ ${KEEP:-0} == 1 ]] || find "$RUN_DIR" -xdev -mindepth 1 -delete
+  [[ ${KEEP:-0} == 1 ]] || find "$RUN_DIR" -xdev -mindepth 1 ! -path "$RUN_DIR/.lock" -delete
 fi
 owned_dir_make "$RUN_DIR"
 RUN_DIR=$OWNED_DIR_REAL
+{ : >&9; } 2>/dev/null || lock_run_dir 0
 echo "made by deploy/local/cluster.sh: its next start empties this directory" > "$RUN_DIR/$MARKER"
 mkdir -p "$RUN_DIR/pids"
 if [[ $MODE == foreground ]]; then
@@ -151,7 +165,7 @@ fi
 
 spawn() { # name log cmd...
   local name=$1 log=$2; shift 2
-  "$@" >>"$log" 2>&1 </dev/null &
+  "$@" >>"$log" 2>&1 </dev/null 9>&- &
   echo $! > "$RUN_DIR/pids/$name.pid"
 }
 
@@ -308,6 +322,7 @@ echo "cluster up: $REGIONS region(s) x ($AUTHORITIES authorities + $AGENTS agent
 echo "  sockets: $RUN_DIR/<region>/<region>-a<j>.sock   e.g. shoal --socket $RUN_DIR/r1/r1-a1.sock members"
 
 if [[ $MODE == foreground ]]; then
+  exec 9>&- # started: a stop from elsewhere may run now
   echo "Ctrl-C to stop"
   while true; do sleep 1; done
 fi

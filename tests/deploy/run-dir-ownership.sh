@@ -129,6 +129,16 @@ expect_refusal "local-agents.sh start, a directory of ours it did not make" env 
 [[ $(cat "$J/node-1.toml") == mine && -f $J/postgres.pid ]] || fail "local-agents.sh changed files it did not make"
 echo "ok: local-agents.sh leaves files it did not make"
 
+# 5h. A start or stop of cluster.sh holds RUN_DIR/.lock while it runs: a second start is refused
+# and a stop waits for it (here: for a stand-in holder of the lock) before stopping anything.
+K=$T/locked; mkdir -m 0700 "$K"; echo "made by deploy/local/cluster.sh" > "$K/.shoal-cluster-run-dir"
+flock "$K/.lock" sleep 3 & HOLDER=$!
+for _ in $(seq 1 50); do flock -n "$K/.lock" true 2>/dev/null || break; sleep 0.05; done
+expect_refusal "cluster.sh start while another start or stop runs" env RUN_DIR="$K" SHOAL=/bin/true "$CLUSTER" start
+RUN_DIR="$K" "$CLUSTER" stop >/dev/null
+kill -0 "$HOLDER" 2>/dev/null && fail "cluster.sh stop did not wait for the start holding the lock"
+echo "ok: cluster.sh stop waits for a start in progress"
+
 # 6. local-agents.sh stop finds the agents it started whatever the spelling of DIR (a trailing
 # slash, relative, characters a regular expression would read): the pid file names the
 # resolved path. A stand-in process with an agent's command line plays the agent.
