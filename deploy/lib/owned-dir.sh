@@ -88,7 +88,6 @@ owned_dir_check() {
     -printf '  %p (owner %u, mode %m)\n' 2>&1 | head -5)
   [[ -z $bad ]] || owned_dir_refuse "$dir" "files in it belong to another user or are writable by group or others (keys, configs and sockets must be yours alone); remove them or the directory:
 $bad"
-  OWNED_DIR_REAL=$real
 }
 
 # owned_dir_make DIR: when nothing has DIR's name, resolves its parent first (which must exist:

@@ -33,9 +33,9 @@ pub const DEV_AUDIT_FILE: &str = "audit.log";
 /// the writes since it was last saved, far fewer than this on a development cluster.
 pub const DEV_FLOOR_MARGIN: u64 = 1_000_000;
 
-/// What this agent's catalog holds of its own region's authority chain when the dev
-/// authority opens: the largest revision and the largest boot generation seen (0 and 0 for an
-/// empty catalog). A state that numbers below them would re-issue revisions and generations
+/// What this agent's catalog holds of its own region's authority chain, read when the dev
+/// authority opens and before each write: the largest revision and the largest boot
+/// generation seen (0 and 0 for an empty catalog). A state that numbers below them would re-issue revisions and generations
 /// the region already used, and agents would drop those writes as stale or conflicting.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HeldByMesh {
